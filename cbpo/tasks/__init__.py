@@ -1,0 +1,19 @@
+"""Built-in, deterministic tool tasks (offline): each module exposes
+``generate(seed, n_train, n_test) -> {"train": rows, "test": rows}``.
+
+A row is ``{"id": str, "question": str, "answer": str | list[str], "domain": "math" | "search",
+"trace": str}``, ``trace`` being the full assistant response used for SFT, in the Tool-Star/ARPO
+tool format (``<python>…</python>`` or ``<search>…</search>`` → ``<result>…</result>`` →
+``<answer>…\\boxed{…}…</answer>``).
+"""
+from __future__ import annotations
+
+import importlib
+
+TASKS = {"arith": "cbpo.tasks.arith", "twohop": "cbpo.tasks.twohop"}
+
+
+def get_task(name: str):
+    if name not in TASKS:
+        raise KeyError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+    return importlib.import_module(TASKS[name])
