@@ -24,8 +24,9 @@ class Trajectory:
     # distribution (un-renormalised, Eq. 6); 0.0 on observation tokens.
     entropies: list[float] = field(default_factory=list)
     finish: str = ""  # "answer" | "eos" | "length" | "turns" | "" (still running)
-    tool_calls: int = 0
-    tool_seconds: float = 0.0
+    tool_calls: int = 0  # calls on the whole path (a branch's copied prefix included: caps apply)
+    copied_tool_calls: int = 0  # calls inherited from a branch's copied prefix
+    tool_seconds: float = 0.0  # seconds spent in this rollout's own calls
     # Branch bookkeeping within one problem's rollout set R_x.
     kind: str = "parent"  # "parent" | "branch" | "fill"
     parent: int | None = None  # index of the parent in R_x (branches only)
@@ -39,6 +40,11 @@ class Trajectory:
     @property
     def n_model_tokens(self) -> int:
         return int(sum(self.model_mask))
+
+    @property
+    def generated_tokens(self) -> int:
+        """Model tokens this rollout sampled itself (a branch's copied prefix excluded)."""
+        return self.n_model_tokens - (self.at or 0)
 
     def model_positions(self) -> np.ndarray:
         """Indices into ``response_ids`` of the model-generated tokens, in order."""
@@ -72,6 +78,7 @@ class Trajectory:
             entropies=self.entropies[:cut],
             finish="",
             tool_calls=self._observation_runs(cut),
+            copied_tool_calls=self._observation_runs(cut),
             tool_seconds=0.0,
             kind="branch",
             parent=parent_index,

@@ -1,0 +1,12 @@
+# The paper's DAG: data -> model -> SFT -> RL{methods} -> eval{runs x benchmarks} -> tables.
+# Each step is a Hydra entry point; outputs are written atomically (a DONE.json last), so a
+# crashed step never looks finished. `snakemake -c2 table1` runs the CPU demo.
+import os
+
+configfile: os.path.join(workflow.basedir, "workflow", "config.yaml")
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/prepare.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"

@@ -1,0 +1,42 @@
+"""GRPO (Shao et al., 2024, "DeepSeekMath", arXiv 2402.03300): M independent rollouts per
+problem, one group-normalised advantage (R - mean) / (std + eps) on every model token (Eq. 3 of
+the CBPO paper), PPO-clipped surrogate. The reference point every other method is compared to.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from cbpo.credit import grpo_advantages
+from cbpo.registry import Sampler, TokenCredit, register_method
+from cbpo.trajectory import Trajectory
+
+
+@dataclass
+class GRPOConfig:
+    budget: int = 16  # rollouts per problem (the paper's shared 16 slots)
+    eps: float = 1e-6
+
+
+@register_method("grpo")
+class GRPO:
+    policy_loss = "vanilla"
+
+    def __init__(self, budget: int = 16, eps: float = 1e-6, vocab_size: int | None = None):
+        # vocab_size is part of every method's constructor contract; GRPO does not need it.
+        self.cfg = GRPOConfig(budget=budget, eps=eps)
+
+    def collect(self, prompts: Sequence[list[int]], sample: Sampler) -> list[list[Trajectory]]:
+        fresh = [Trajectory(prompt_ids=list(p)) for p in prompts for _ in range(self.cfg.budget)]
+        done = sample(fresh)
+        m = self.cfg.budget
+        return [done[i * m : (i + 1) * m] for i in range(len(prompts))]
+
+    def credit(self, groups: Sequence[Sequence[Trajectory]]) -> list[list[TokenCredit]]:
+        out = []
+        for group in groups:
+            adv = grpo_advantages(np.array([t.reward for t in group], dtype=np.float64), self.cfg.eps)
+            out.append([(np.full(t.n_model_tokens, a), np.ones(t.n_model_tokens, dtype=np.int8)) for t, a in zip(group, adv)])
+        return out

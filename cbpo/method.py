@@ -1,0 +1,61 @@
+"""CBPO as a training method (Algorithm 1): N_0 parents, the Stage-1 plan for every problem,
+then all branches and fillers of the step sampled in one batched call; Stage-2 credit over the
+whole batch. The equations live in ``cbpo.branching`` and ``cbpo.credit``."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from cbpo.branching import BranchPlan, plan_branches
+from cbpo.config import CBPOConfig
+from cbpo.credit import ProblemRollouts, assign_credit
+from cbpo.registry import Sampler, TokenCredit, register_method
+from cbpo.trajectory import Trajectory
+
+
+@register_method("cbpo")
+class CBPO:
+    policy_loss = "vanilla"
+
+    def __init__(self, vocab_size: int, **overrides: Any):
+        self.cfg = CBPOConfig.from_overrides(overrides)
+        self.vocab_size = vocab_size
+        self.last_plans: list[BranchPlan] = []  # for rollout dumps and figures
+
+    def collect(self, prompts: Sequence[list[int]], sample: Sampler) -> list[list[Trajectory]]:
+        cfg = self.cfg
+        parents = sample([Trajectory(prompt_ids=list(p)) for p in prompts for _ in range(cfg.n0)])
+        groups = [parents[i * cfg.n0 : (i + 1) * cfg.n0] for i in range(len(prompts))]
+        self.last_plans = [
+            plan_branches(
+                [t.model_entropies() for t in group],
+                self.vocab_size,
+                cfg,
+                tool_boundaries=[t.tool_boundaries() for t in group],
+            )
+            for group in groups
+        ]
+        # Algorithm 1 line 19 and 16/22: every branch and filler of the step in one call.
+        second: list[Trajectory] = []
+        owners: list[int] = []
+        for x, (group, plan) in enumerate(zip(groups, self.last_plans)):
+            second += [group[i].branch_prefix(b, i) for i, b in plan.branches]
+            second += [Trajectory(prompt_ids=list(prompts[x]), kind="fill") for _ in range(plan.fill)]
+            owners += [x] * (len(plan.branches) + plan.fill)
+        for x, t in zip(owners, sample(second) if second else []):
+            groups[x].append(t)
+        return groups
+
+    def credit(self, groups: Sequence[Sequence[Trajectory]]) -> list[list[TokenCredit]]:
+        problems = [
+            ProblemRollouts(
+                rewards=[t.reward for t in group],
+                kinds=[t.kind for t in group],
+                parent=[-1 if t.parent is None else t.parent for t in group],
+                at=[-1 if t.at is None else t.at for t in group],
+                n_tokens=[t.n_model_tokens for t in group],
+            )
+            for group in groups
+        ]
+        result = assign_credit(problems, self.cfg)
+        self.last_nodes = result.nodes
+        return [list(zip(a, m)) for a, m in zip(result.advantages, result.loss_masks)]

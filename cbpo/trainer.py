@@ -1,0 +1,352 @@
+"""The local trainer (one machine): SFT on tool traces, then the RL loop shared by every method:
+sample problems -> method.collect (rollouts through the agent loop) -> outcome rewards ->
+method.credit (per-model-token advantages) -> clipped surrogate + KL to a frozen reference
+(Eqs. 20-23) -> AdamW. Checkpoints are atomic and a run resumes from the last one.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from cbpo.chat import build_prompt, split_observations
+from cbpo.objective import policy_objective
+from cbpo.registry import Method
+from cbpo.rollout.agent import AgentConfig, run_agent
+from cbpo.rollout.engine import HFEngine
+from cbpo.trajectory import Trajectory
+
+DONE = "DONE.json"  # written last: a directory without it is not a finished output
+
+
+@dataclass
+class SFTConfig:
+    steps: int = 250
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    max_len: int = 512
+    seed: int = 0
+    log_every: int = 10
+    checkpoint_every: int = 50
+
+
+@dataclass
+class RLConfig:
+    steps: int = 50
+    problems_per_step: int = 8  # prompts per step; each gets the method's M rollout slots
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 32  # sequences per forward/backward (memory only, not the maths)
+    temperature: float = 1.0  # ours: the paper gives no rollout temperature
+    top_k_entropy: int = 10  # K of Eq. 6
+    clip_eps: float = 0.2  # ours (paper silent)
+    clip_low: float | None = None
+    clip_high: float | None = None
+    beta: float = 0.001  # ours (paper silent); 0 disables the reference model
+    kl_estimator: str = "low_var_kl"
+    seed: int = 0
+    checkpoint_every: int = 10
+    dump_rollouts: bool = False
+    agent: dict[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def save_checkpoint(path: Path, model, tokenizer, state: Mapping[str, Any]) -> None:
+    """Write model, tokenizer and trainer state to ``path`` atomically (tmp dir + rename)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    torch.save(dict(state), tmp / "trainer_state.pt")
+    (tmp / DONE).write_text(json.dumps({"step": state.get("step")}) + "\n")
+    if path.exists():
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    done = [p for p in Path(run_dir).glob("step_*") if (p / DONE).is_file()]
+    return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
+
+
+def _rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def _set_rng_state(state: Mapping[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+class MetricsLog:
+    """JSONL metrics (append-only, survives crashes) and W&B (offline unless configured)."""
+
+    def __init__(self, path: Path, wandb_cfg: Mapping[str, Any] | None = None, run_config: Mapping[str, Any] | None = None):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._wandb = None
+        if wandb_cfg and wandb_cfg.get("enabled", False):
+            import wandb
+
+            os.environ.setdefault("WANDB_MODE", wandb_cfg.get("mode", "offline"))
+            self._wandb = wandb.init(
+                project=wandb_cfg.get("project", "cbpo"),
+                name=wandb_cfg.get("name"),
+                dir=str(self.path.parent),
+                config=dict(run_config or {}),
+                reinit=True,
+            )
+
+    def log(self, record: Mapping[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._wandb is not None:
+            self._wandb.log(dict(record), step=record.get("step"))
+
+    def truncate_after(self, step: int) -> None:
+        """On resume, drop records of steps the checkpoint does not contain."""
+        if not self.path.exists():
+            return
+        keep = [line for line in self.path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
+        self.path.write_text("".join(line + "\n" for line in keep))
+
+    def close(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+# ----------------------------------------------------------------------------- SFT
+
+def encode_trace(tokenizer, question: str, trace: str) -> tuple[list[int], list[int]]:
+    """Prompt + response ids, and a loss mask that is 1 on the model's own tokens only
+    (observations ``<result>…</result>`` and the prompt get no loss). The response ends with
+    the end-of-turn token, as generation does."""
+    ids = build_prompt(tokenizer, question)
+    mask = [0] * len(ids)
+    for text, is_model in split_observations(trace):
+        piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids += piece
+        mask += [int(is_model)] * len(piece)
+    ids.append(tokenizer.eos_token_id)
+    mask.append(1)
+    return ids, mask
+
+
+def _lr_lambda(warmup: int) -> Callable[[int], float]:
+    return lambda step: min(1.0, (step + 1) / max(1, warmup))
+
+
+def sft(model, tokenizer, rows: Sequence[Mapping[str, Any]], cfg: SFTConfig, run_dir: Path, log: MetricsLog) -> None:
+    """Supervised fine-tuning on the rows' traces, loss on model tokens only."""
+    if not rows:
+        raise ValueError("SFT needs at least one training row")
+    examples = [encode_trace(tokenizer, r["question"], r["trace"]) for r in rows]
+    too_long = sum(len(ids) > cfg.max_len for ids, _ in examples)
+    if too_long:
+        raise ValueError(f"{too_long} SFT examples exceed max_len={cfg.max_len} tokens")
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg.warmup_steps))
+    start = _resume(run_dir, model, opt, sched, log)
+    rng = np.random.default_rng(cfg.seed)
+    pad = tokenizer.pad_token_id
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="sft", dynamic_ncols=True)
+    model.train()
+    for step in bar:
+        rng = np.random.default_rng([cfg.seed, step])  # batch depends only on (seed, step): resumable
+        batch = [examples[i] for i in rng.integers(0, len(examples), cfg.batch_size)]
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.tensor([x + [pad] * (width - len(x)) for x, _ in batch])
+        attn = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x, _ in batch])
+        labels_mask = torch.tensor([m + [0] * (width - len(m)) for _, m in batch])
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        tgt, m = ids[:, 1:], labels_mask[:, 1:].float()
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none")
+        loss = (nll.view_as(m) * m).sum() / m.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+            log.log({"step": step + 1, "sft_loss": loss.item(), "lr": sched.get_last_lr()[0]})
+        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
+            _checkpoint(run_dir, step + 1, model, tokenizer, opt, sched)
+
+
+# ----------------------------------------------------------------------------- RL
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_resp: int) -> torch.Tensor:
+    """log pi(y_t | ...) of the last ``n_resp`` columns (left-padded prompts, right-padded
+    responses), computing logits only where a response token is predicted."""
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=n_resp + 1)
+    logits = out.logits[:, :-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, input_ids[:, -n_resp:, None]).squeeze(-1)
+
+
+def rollout_tensors(trajs: Sequence[Trajectory], credits, pad_id: int) -> dict[str, torch.Tensor]:
+    """Left-padded prompts, right-padded responses; advantages and loss masks mapped from
+    model-token positions onto response positions (observation tokens get mask 0)."""
+    p_max = max(len(t.prompt_ids) for t in trajs)
+    r_max = max(1, max(len(t.response_ids) for t in trajs))
+    b = len(trajs)
+    ids = torch.full((b, p_max + r_max), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, p_max + r_max), dtype=torch.long)
+    old = torch.zeros((b, r_max))
+    adv = torch.zeros((b, r_max))
+    mask = torch.zeros((b, r_max))
+    for i, (t, (a, m)) in enumerate(zip(trajs, credits)):
+        p, r = len(t.prompt_ids), len(t.response_ids)
+        ids[i, p_max - p : p_max] = torch.tensor(t.prompt_ids)
+        ids[i, p_max : p_max + r] = torch.tensor(t.response_ids, dtype=torch.long)
+        attn[i, p_max - p : p_max + r] = 1
+        old[i, :r] = torch.tensor(t.logprobs)
+        pos = torch.from_numpy(t.model_positions())
+        adv[i, pos] = torch.as_tensor(a, dtype=torch.float32)
+        mask[i, pos] = torch.as_tensor(m, dtype=torch.float32)
+    return {"input_ids": ids, "attention_mask": attn, "old_log_prob": old, "advantages": adv, "loss_mask": mask, "n_resp": r_max}
+
+
+def policy_update(model, ref_model, opt, trajs, credits, cfg: RLConfig, policy_loss: str, pad_id: int) -> dict[str, float]:
+    """One optimiser step on Eq. 23 over all rollouts of the step, in micro-batches whose
+    losses are weighted so the sum equals the batch's sequence mean."""
+    valid = [i for i, (_, m) in enumerate(credits) if np.any(m)]
+    if not valid:
+        return {"loss": 0.0, "skipped": 1.0}
+    opt.zero_grad(set_to_none=True)
+    totals: dict[str, float] = {}
+    for start in range(0, len(valid), cfg.micro_batch_size):
+        idx = valid[start : start + cfg.micro_batch_size]
+        batch = rollout_tensors([trajs[i] for i in idx], [credits[i] for i in idx], pad_id)
+        log_prob = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["n_resp"])
+        ref = None
+        if ref_model is not None and cfg.beta > 0:
+            with torch.no_grad():
+                ref = token_logprobs(ref_model, batch["input_ids"], batch["attention_mask"], batch["n_resp"])
+        loss, metrics = policy_objective(
+            log_prob, batch["old_log_prob"], batch["advantages"], batch["loss_mask"], ref_log_prob=ref,
+            clip_eps=cfg.clip_eps, beta=cfg.beta, kl_estimator=cfg.kl_estimator, policy_loss=policy_loss,
+            clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+        )
+        weight = len(idx) / len(valid)
+        (loss * weight).backward()
+        for k, v in {"loss": loss.item(), **metrics}.items():
+            totals[k] = totals.get(k, 0.0) + weight * float(v)
+    totals["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+    opt.step()
+    return totals
+
+
+def rl_train(
+    model,
+    tokenizer,
+    method: Method,
+    rows: Sequence[Mapping[str, Any]],
+    tools: Mapping[str, Callable[[str], str]],
+    rewarder: Callable[[Sequence[str], Sequence[Mapping[str, Any]]], list[float]],
+    cfg: RLConfig,
+    run_dir: Path,
+    log: MetricsLog,
+) -> None:
+    if not rows:
+        raise ValueError("RL needs at least one training row")
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.beta > 0 else None
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    start = _resume(run_dir, model, opt, None, log)
+    agent_cfg = AgentConfig(**cfg.agent)
+    engine = HFEngine(model, tokenizer, top_k_entropy=cfg.top_k_entropy, temperature=cfg.temperature, generator=cfg.seed + start)
+    prompts = [build_prompt(tokenizer, r["question"]) for r in rows]
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"rl[{method.name}]", dynamic_ncols=True)
+    for step in bar:
+        t0 = time.perf_counter()
+        rng = np.random.default_rng([cfg.seed, step])
+        pick = rng.choice(len(rows), size=min(cfg.problems_per_step, len(rows)), replace=False)
+        model.eval()
+        with torch.no_grad():
+            groups = method.collect([prompts[i] for i in pick], lambda trajs: run_agent(engine, tokenizer, trajs, tools, agent_cfg))
+        t_roll = time.perf_counter() - t0
+        flat = [t for g in groups for t in g]
+        texts = tokenizer.batch_decode([t.response_ids for t in flat], skip_special_tokens=False)
+        owner_rows = [rows[i] for i, g in zip(pick, groups) for _ in g]
+        for t, r in zip(flat, rewarder(texts, owner_rows)):
+            t.reward = r
+        credits = [c for g in method.credit(groups) for c in g]
+        model.train()
+        stats = policy_update(model, ref_model, opt, flat, credits, cfg, method.policy_loss, tokenizer.pad_token_id)
+        wall = time.perf_counter() - t0
+        record = {
+            "step": step + 1,
+            "reward": float(np.mean([t.reward for t in flat])),
+            "rollouts": len(flat),
+            "generated_tokens": sum(t.generated_tokens for t in flat),
+            "tool_calls": sum(t.tool_calls - t.copied_tool_calls for t in flat),
+            "tool_seconds": sum(t.tool_seconds for t in flat),
+            "rollout_seconds": t_roll,
+            "wall_seconds": wall,
+            **{f"n_{k}": sum(t.kind == k for t in flat) for k in ("parent", "branch", "fill")},
+            **stats,
+        }
+        log.log(record)
+        if cfg.dump_rollouts:
+            _dump_rollouts(run_dir / "rollouts" / f"step_{step + 1:06d}.jsonl", flat, texts, credits, owner_rows)
+        bar.set_postfix(reward=f"{record['reward']:.3f}", tok_s=f"{record['generated_tokens'] / max(t_roll, 1e-9):.0f}")
+        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
+            _checkpoint(run_dir, step + 1, model, tokenizer, opt, None)
+
+
+def _dump_rollouts(path: Path, trajs, texts, credits, rows) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for t, text, (a, m), row in zip(trajs, texts, credits, rows):
+            f.write(json.dumps({
+                "problem": row["id"], "kind": t.kind, "parent": t.parent, "at": t.at, "reward": t.reward,
+                "text": text, "response_ids": t.response_ids, "model_mask": [int(x) for x in t.model_mask],
+                "entropy": [round(e, 5) for e in t.entropies], "advantage": np.asarray(a).round(6).tolist(),
+                "loss_mask": np.asarray(m).astype(int).tolist(), "tool_calls": t.tool_calls, "finish": t.finish,
+            }) + "\n")
+
+
+def _checkpoint(run_dir: Path, step: int, model, tokenizer, opt, sched) -> None:
+    state = {"step": step, "optimizer": opt.state_dict(), "rng": _rng_state()}
+    if sched is not None:
+        state["scheduler"] = sched.state_dict()
+    save_checkpoint(Path(run_dir) / f"step_{step:06d}", model, tokenizer, state)
+    for old in Path(run_dir).glob("step_*"):  # keep the newest only: these are for resuming
+        if old.name != f"step_{step:06d}":
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _resume(run_dir: Path, model, opt, sched, log: MetricsLog) -> int:
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        log.truncate_after(0)
+        return 0
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(ckpt, dtype=next(model.parameters()).dtype)
+    model.load_state_dict(loaded.state_dict())
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    opt.load_state_dict(state["optimizer"])
+    if sched is not None and "scheduler" in state:
+        sched.load_state_dict(state["scheduler"])
+    _set_rng_state(state["rng"])
+    log.truncate_after(state["step"])
+    tqdm.write(f"resuming from {ckpt} (step {state['step']})")
+    return int(state["step"])

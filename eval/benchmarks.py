@@ -1,0 +1,239 @@
+"""Benchmarks as configuration: one YAML file per benchmark in ``eval/benchmarks/``, read by
+one loader (paper Sec. 5.1: five math and five search benchmarks, plus the built-in tasks).
+
+A config names the benchmark, its Table 1 column (``display_name``), its ``domain`` (math |
+search), its ``metric`` (math | f1 | em | judge) and an ordered list of ``sources``; the first
+usable source is read. A source is a local JSONL file (``path``, relative to the shared data dir
+or, with ``relative_to: cwd``, to the working directory) or a dataset-hub id (``hub`` with
+optional ``config``/``split``, read with ``datasets`` for machines with a network), each with
+its own field mapping:
+
+    fields:
+      question: problem        # field holding the question text
+      answer: answer           # int, str or list of aliases
+      id: id                   # optional; otherwise the row's position
+      answer_after: "####"     # optional: keep the text after the last marker (GSM8K)
+      answer_from: boxed       # optional: keep the last \\boxed{} of the field (MATH solutions)
+
+Rows come out as ``{"id", "question", "answer": str | list[str], "domain", "metric"}``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import yaml
+
+from eval.extract import last_boxed
+
+CONFIG_DIR = Path(__file__).with_name("benchmarks")
+DOMAINS = ("math", "search")
+METRICS = ("math", "f1", "em", "judge")
+_CONFIG_KEYS = {"name", "display_name", "domain", "metric", "sources", "judge", "description"}
+_SOURCE_KEYS = {"path", "relative_to", "hub", "config", "split", "fields"}
+_FIELD_KEYS = {"question", "answer", "id", "answer_after", "answer_from"}
+
+Gold = str | Sequence[str]
+
+
+def gold_aliases(gold: Gold) -> list[str]:
+    """A gold answer as its list of accepted strings."""
+    aliases = [gold] if isinstance(gold, str) else [str(g) for g in gold]
+    if not aliases:
+        raise ValueError("gold answer has no aliases (empty list)")
+    return aliases
+
+
+def shared_data_dir() -> Path:
+    """``$CBPO_SHARED_DATA``, else ``../shared/data`` next to the repository."""
+    env = os.environ.get("CBPO_SHARED_DATA")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+
+
+def list_benchmarks() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def benchmark_config(name: str) -> dict[str, Any]:
+    """The validated config of benchmark ``name``."""
+    path = CONFIG_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise KeyError(f"unknown benchmark {name!r}; known: {', '.join(list_benchmarks())}")
+    config = yaml.safe_load(path.read_text())
+    _validate(config, path)
+    return config
+
+
+def load_benchmark(
+    name: str,
+    data_dir: str | Path | None = None,
+    limit: int | None = None,
+    path: str | Path | None = None,
+) -> list[dict[str, Any]]:
+    """The rows of benchmark ``name`` from its first usable source.
+
+    ``data_dir`` replaces the shared data dir; ``path`` replaces the source file altogether
+    (same field mapping as the config's first local source). A malformed row raises
+    ValueError naming the file and line."""
+    config = benchmark_config(name)
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    if path is not None:
+        source = next((s for s in config["sources"] if "path" in s), config["sources"][0])
+        return _normalise(_read_jsonl(Path(path)), source["fields"], config, limit)
+    failures = []
+    for source in config["sources"]:
+        if "path" in source:
+            base = Path.cwd() if source.get("relative_to") == "cwd" else Path(data_dir or shared_data_dir())
+            file = base / source["path"]
+            if file.is_file():
+                return _normalise(_read_jsonl(file), source["fields"], config, limit)
+            failures.append(f"{file} does not exist")
+        else:
+            try:
+                records = _read_hub(source)
+            except Exception as err:  # offline, missing `datasets`, unknown id: say which
+                failures.append(f"hub {source['hub']!r}: {type(err).__name__}: {err}")
+                continue
+            return _normalise(records, source["fields"], config, limit)
+    raise FileNotFoundError(f"benchmark {name!r} has no usable source: " + "; ".join(failures))
+
+
+Record = tuple[str, Any]  # (where, e.g. "file.jsonl:12", parsed JSON value)
+
+
+def _read_jsonl(file: Path) -> Iterator[Record]:
+    if not file.is_file():
+        raise FileNotFoundError(f"benchmark file {file} does not exist")
+    with file.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                yield f"{file}:{lineno}", json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{file}:{lineno}: not valid JSON ({err.msg})") from None
+
+
+def _read_hub(source: dict[str, Any]) -> list[Record]:
+    import datasets  # optional: only GPU/network users reach this
+
+    split = source.get("split", "test")
+    data = datasets.load_dataset(source["hub"], source.get("config"), split=split)
+    return [(f"hub:{source['hub']}[{split}] row {i}", dict(row)) for i, row in enumerate(data)]
+
+
+def _normalise(records, fields: dict[str, str], config: dict[str, Any], limit: int | None) -> list[dict]:
+    rows: list[dict] = []
+    seen: dict[str, str] = {}
+    for where, record in records:
+        if limit is not None and len(rows) >= limit:
+            break
+        if not isinstance(record, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        row_id = _row_id(record, fields, len(rows), where)
+        if row_id in seen:
+            raise ValueError(f"{where}: duplicate id {row_id!r} (first at {seen[row_id]})")
+        seen[row_id] = where
+        rows.append({
+            "id": row_id,
+            "question": _question(record, fields["question"], where),
+            "answer": _answer(record, fields, where),
+            "domain": config["domain"],
+            "metric": config["metric"],
+        })
+    return rows
+
+
+def _row_id(record: dict, fields: dict[str, str], position: int, where: str) -> str:
+    key = fields.get("id")
+    if key is None:
+        return str(position)
+    value = record.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
+        raise ValueError(f"{where}: id field {key!r} missing or not an int/str: {value!r}")
+    return str(value)
+
+
+def _question(record: dict, key: str, where: str) -> str:
+    value = record.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where}: question field {key!r} missing or not a non-empty string")
+    return value
+
+
+def _answer(record: dict, fields: dict[str, str], where: str) -> str | list[str]:
+    key = fields["answer"]
+    if key not in record:
+        raise ValueError(f"{where}: answer field {key!r} missing")
+    value = record[key]
+    if isinstance(value, list):
+        if not value:
+            raise ValueError(f"{where}: answer field {key!r} is an empty list")
+        return [_scalar_answer(v, key, where) for v in value]
+    answer = _scalar_answer(value, key, where)
+    marker = fields.get("answer_after")
+    if marker is not None:
+        if marker not in answer:
+            raise ValueError(f"{where}: answer field {key!r} has no {marker!r} marker")
+        answer = answer.rsplit(marker, 1)[1].strip()
+    if fields.get("answer_from") == "boxed":
+        boxed = last_boxed(answer)
+        if boxed is None:
+            raise ValueError(f"{where}: answer field {key!r} has no \\boxed{{}} answer")
+        answer = boxed
+    if not answer:
+        raise ValueError(f"{where}: answer field {key!r} is empty")
+    return answer
+
+
+def _scalar_answer(value: Any, key: str, where: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{where}: answer field {key!r} is a {type(value).__name__}, not int/str/list")
+    text = str(value).strip()
+    if not text:
+        raise ValueError(f"{where}: answer field {key!r} is empty")
+    return text
+
+
+def _validate(config: Any, path: Path) -> None:
+    def bad(problem: str) -> ValueError:
+        return ValueError(f"benchmark config {path}: {problem}")
+
+    if not isinstance(config, dict):
+        raise bad("not a mapping")
+    missing = {"name", "display_name", "domain", "metric", "sources"} - set(config)
+    if missing:
+        raise bad(f"missing keys {sorted(missing)}")
+    unknown = set(config) - _CONFIG_KEYS
+    if unknown:
+        raise bad(f"unknown keys {sorted(unknown)}")
+    if config["name"] != path.stem:
+        raise bad(f"name {config['name']!r} differs from the file name {path.stem!r}")
+    if config["domain"] not in DOMAINS:
+        raise bad(f"domain {config['domain']!r} not one of {DOMAINS}")
+    if config["metric"] not in METRICS:
+        raise bad(f"metric {config['metric']!r} not one of {METRICS}")
+    if config["metric"] == "judge" and not isinstance(config.get("judge"), dict):
+        raise bad("metric 'judge' needs a `judge:` block (model, prompt)")
+    sources = config["sources"]
+    if not isinstance(sources, list) or not sources:
+        raise bad("`sources` must be a non-empty list")
+    for i, source in enumerate(sources):
+        if not isinstance(source, dict) or ("path" in source) == ("hub" in source):
+            raise bad(f"source {i} needs exactly one of `path` or `hub`")
+        if set(source) - _SOURCE_KEYS:
+            raise bad(f"source {i} has unknown keys {sorted(set(source) - _SOURCE_KEYS)}")
+        if source.get("relative_to", "shared") not in ("shared", "cwd"):
+            raise bad(f"source {i}: relative_to must be 'shared' or 'cwd'")
+        fields = source.get("fields")
+        if not isinstance(fields, dict) or not {"question", "answer"} <= set(fields):
+            raise bad(f"source {i} needs `fields` with at least `question` and `answer`")
+        if set(fields) - _FIELD_KEYS:
+            raise bad(f"source {i} has unknown field keys {sorted(set(fields) - _FIELD_KEYS)}")
+        if fields.get("answer_from", "boxed") != "boxed":
+            raise bad(f"source {i}: answer_from supports only 'boxed'")

@@ -1,0 +1,76 @@
+"""CBPO and GRPO as training methods behind the registry, with a scripted sampler."""
+import numpy as np
+import pytest
+
+from cbpo.registry import get_method, known_methods
+from cbpo.trajectory import Trajectory
+
+
+def scripted_sampler(calls):
+    """Completes each trajectory with 40 model tokens (an observation run after token 10);
+    entropy spikes at tokens 24-27 so Stage 1 has a clear best candidate."""
+
+    def sample(trajs):
+        calls.append([t.kind for t in trajs])
+        out = []
+        for t in trajs:
+            n_have = t.n_model_tokens
+            ids, mask, ent = list(t.response_ids), list(t.model_mask), list(t.entropies)
+            for pos in range(n_have, 40):
+                if pos == 10 and (not mask or mask[-1]):
+                    ids += [99, 99]
+                    mask += [False, False]
+                    ent += [0.0, 0.0]
+                ids.append(5)
+                mask.append(True)
+                ent.append(3.0 if 24 <= pos < 28 else 0.1)
+            out.append(Trajectory(t.prompt_ids, ids, mask, [0.0] * len(ids), ent, finish="answer", kind=t.kind, parent=t.parent, at=t.at))
+        return out
+
+    return sample
+
+
+def test_registry_names_unknown_methods():
+    assert {"grpo", "cbpo"} <= set(known_methods())
+    with pytest.raises(KeyError, match="unknown method 'ppo2'"):
+        get_method("ppo2")
+
+
+def test_cbpo_collect_samples_parents_then_one_batched_call():
+    calls = []
+    cbpo = get_method("cbpo")(vocab_size=100, budget=8, n0=2, w=4, d_min=8)
+    groups = cbpo.collect([[1, 2], [3]], scripted_sampler(calls))
+    assert len(calls) == 2  # parents, then every branch and filler of the step at once
+    assert calls[0] == ["parent"] * 4
+    assert [len(g) for g in groups] == [8, 8]
+    for g in groups:
+        branches = [t for t in g if t.kind == "branch"]
+        assert branches, "the entropy spike should attract branches"
+        assert all(t.at == 24 for t in branches[:1])
+        for t in branches:
+            parent = g[t.parent]
+            cut = int(parent.model_positions()[t.at])
+            assert t.response_ids[:cut] == parent.response_ids[:cut]  # exact prefix, observation included
+    # Credit: every rollout gets one advantage per model token; copied prefixes masked.
+    rng = np.random.default_rng(0)
+    for g in groups:
+        for t in g:
+            t.reward = float(rng.integers(0, 2))
+    credits = cbpo.credit(groups)
+    for g, cg in zip(groups, credits):
+        for t, (adv, mask) in zip(g, cg):
+            assert len(adv) == len(mask) == t.n_model_tokens
+            if t.kind == "branch":
+                assert not mask[: t.at].any() and mask[t.at :].all()
+
+
+def test_grpo_collects_m_fresh_rollouts_and_broadcasts_advantage():
+    calls = []
+    grpo = get_method("grpo")(budget=4)
+    groups = grpo.collect([[1], [2]], scripted_sampler(calls))
+    assert len(calls) == 1 and [len(g) for g in groups] == [4, 4]
+    for g in groups:
+        for t, r in zip(g, [1, 0, 0, 0]):
+            t.reward = float(r)
+    (adv, mask), *_ = grpo.credit(groups)[0]
+    assert np.allclose(adv, adv[0]) and adv[0] > 0 and mask.all()

@@ -1,0 +1,87 @@
+"""The local trainer's pieces: SFT masks, tensor alignment, one policy update, checkpoints."""
+import numpy as np
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from cbpo.chat import build_prompt
+from cbpo.trainer import (
+    DONE,
+    RLConfig,
+    encode_trace,
+    latest_checkpoint,
+    policy_update,
+    rollout_tensors,
+    save_checkpoint,
+    token_logprobs,
+)
+from cbpo.trajectory import Trajectory
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from cbpo.models import train_tokenizer
+
+    texts = ["<think>add</think><python>print(1 + 2)</python><result>\n3\n</result><answer>The answer is \\boxed{3}</answer>", "What is 1 plus 2?"] * 20
+    return train_tokenizer(texts, 300)
+
+
+@pytest.fixture()
+def model(tokenizer):
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True,
+                      pad_token_id=tokenizer.pad_token_id)
+    return Qwen3ForCausalLM(cfg)
+
+
+def test_encode_trace_masks_prompt_and_observations(tokenizer):
+    trace = "<python>print(1 + 2)</python><result>\n3\n</result><answer>\\boxed{3}</answer>"
+    ids, mask = encode_trace(tokenizer, "What is 1 plus 2?", trace)
+    prompt = build_prompt(tokenizer, "What is 1 plus 2?")
+    assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
+    text_of = lambda keep: tokenizer.decode([i for i, m in zip(ids, mask) if m == keep], skip_special_tokens=False)
+    assert "<result>" not in text_of(1) and "3" in text_of(0)[len(tokenizer.decode(prompt)) - 5 :]
+    assert ids[-1] == tokenizer.eos_token_id and mask[-1] == 1
+
+
+def _traj(prompt, resp, model_mask):
+    return Trajectory(prompt, resp, model_mask, [-1.0] * len(resp), [0.5] * len(resp))
+
+
+def test_rollout_tensors_align_model_tokens(model, tokenizer):
+    a = _traj([5, 6, 7], [8, 9, 10, 11], [True, False, False, True])
+    b = _traj([5], [12, 13], [True, True])
+    batch = rollout_tensors([a, b], [(np.array([0.5, 0.7]), np.array([1, 1])), (np.array([-1.0, 2.0]), np.array([0, 1]))], pad_id=0)
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 10, 11], [0, 0, 5, 12, 13, 0, 0]]
+    assert np.allclose(batch["advantages"].numpy(), [[0.5, 0, 0, 0.7], [-1.0, 2.0, 0, 0]])
+    assert batch["loss_mask"].tolist() == [[1, 0, 0, 1], [0, 1, 0, 0]]
+    # Left padding leaves the response log-probs unchanged (position ids from the mask).
+    lp = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["n_resp"])
+    alone = token_logprobs(model, torch.tensor([[5, 12, 13]]), torch.ones(1, 3, dtype=torch.long), 2)
+    assert torch.allclose(lp[1, :2], alone[0], atol=1e-5)
+
+
+def test_policy_update_moves_probability_toward_positive_advantage(model, tokenizer):
+    t = _traj([5, 6], [8, 9, 10], [True, True, True])
+    with torch.no_grad():
+        batch = rollout_tensors([t], [(np.zeros(3), np.ones(3))], 0)
+        before = token_logprobs(model, batch["input_ids"], batch["attention_mask"], 3)
+    t.logprobs = before[0].tolist()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    cfg = RLConfig(beta=0.0, micro_batch_size=1)
+    stats = policy_update(model, None, opt, [t], [(np.ones(3), np.ones(3))], cfg, "vanilla", 0)
+    with torch.no_grad():
+        after = token_logprobs(model, batch["input_ids"], batch["attention_mask"], 3)
+    assert stats["grad_norm"] > 0 and (after > before).all()
+    # A fully masked rollout set is skipped, not divided by zero.
+    assert policy_update(model, None, opt, [t], [(np.ones(3), np.zeros(3))], cfg, "vanilla", 0)["skipped"] == 1.0
+
+
+def test_checkpoints_are_atomic_and_latest_wins(tmp_path, model, tokenizer):
+    for step in (2, 10):
+        save_checkpoint(tmp_path / f"step_{step:06d}", model, tokenizer, {"step": step})
+    (tmp_path / "step_000020").mkdir()  # an interrupted save: no DONE marker
+    latest = latest_checkpoint(tmp_path)
+    assert latest.name == "step_000010" and (latest / DONE).is_file()
+    assert not list(tmp_path.glob(".*tmp"))
