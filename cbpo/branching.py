@@ -133,6 +133,9 @@ def allocate_branches(candidates: Sequence[ParentCandidates], slots: int, cfg: C
         raise ValueError(f"more parents than the rollout budget allows ({-slots} too many)")
     # At most J_max candidates per parent and M - N_0 steps: plain Python beats numpy here.
     nodes = [(i, int(b), float(p)) for i, c in enumerate(candidates) for b, p in zip(c.positions, c.priority)]
+    # The decay denominators of Eq. 10 take only B_path x B_node values: tabulate them.
+    path_decay = [balanced_priority(1.0, n, 0, cfg.rho_path, 0.0) for n in range(cfg.b_path)]
+    node_decay = [balanced_priority(1.0, 0, n, 0.0, cfg.rho_node) for n in range(cfg.b_node)]
     path_count = [0] * len(candidates)
     node_count = [0] * len(nodes)
     plan = BranchPlan(candidates=list(candidates))
@@ -141,7 +144,7 @@ def allocate_branches(candidates: Sequence[ParentCandidates], slots: int, cfg: C
         for n, (i, _, p_raw) in enumerate(nodes):
             if path_count[i] >= cfg.b_path or node_count[n] >= cfg.b_node:
                 continue
-            p_bal = balanced_priority(p_raw, path_count[i], node_count[n], cfg.rho_path, cfg.rho_node)
+            p_bal = p_raw * path_decay[path_count[i]] * node_decay[node_count[n]]
             if p_bal > best_p:  # strict: (parent, position) order decides ties
                 best, best_p = n, p_bal
         if best < 0 or not best_p > cfg.kappa:

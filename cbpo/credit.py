@@ -89,9 +89,16 @@ def exact_prefix_groups(kinds: Sequence[str], parent: np.ndarray, at: np.ndarray
     return [(p, b, np.array([p, *ks], dtype=np.int64)) for (p, b), ks in sorted(groups.items())]
 
 
-def contrastive_branch_value(group_rewards: np.ndarray) -> float:
-    """Eq. 13: CBV_i = population standard deviation of the exact-prefix group's rewards."""
-    return float(np.std(np.asarray(group_rewards, dtype=np.float64)))
+def contrastive_branch_value(rewards: np.ndarray, node_of: np.ndarray | None = None) -> float | np.ndarray:
+    """Eq. 13: CBV_i = population standard deviation of the exact-prefix group's rewards.
+    With ``node_of`` (the group index of each reward) every group's CBV at once."""
+    r = np.asarray(rewards, dtype=np.float64)
+    if node_of is None:
+        return float(np.std(r))
+    n = int(node_of.max()) + 1 if node_of.size else 0
+    size = np.maximum(np.bincount(node_of, minlength=n), 1)
+    mean = np.bincount(node_of, r, n) / size
+    return np.sqrt(np.bincount(node_of, (r - mean[node_of]) ** 2, n) / size)
 
 
 def standardize_cbv(cbv: np.ndarray, eps: float = 1e-6, threshold: float = 1e-6) -> np.ndarray:
@@ -143,23 +150,32 @@ def assign_credit(problems: Sequence[ProblemRollouts], cfg: CBPOConfig = CBPOCon
         for x, prob in enumerate(problems)
         for p, b, members in exact_prefix_groups(prob.kinds, prob.parent, prob.at)
     ]
-    cbv = np.array([contrastive_branch_value(problems[n.problem].rewards[n.members]) for n in nodes])
+    # Eqs. 13, 15-17 for all nodes at once over their flattened members.
+    offsets = np.concatenate(([0], np.cumsum([len(p.rewards) for p in problems])))
+    members = np.concatenate([n.members + offsets[n.problem] for n in nodes]) if nodes else np.zeros(0, np.int64)
+    node_of = np.repeat(np.arange(len(nodes)), [len(n.members) for n in nodes])
+    sizes = np.bincount(node_of, minlength=len(nodes))
+    rewards = np.concatenate([p.rewards for p in problems])[members]
+    member_adv = np.concatenate(base)[members] if base else np.zeros(0)
+    cbv = contrastive_branch_value(rewards, node_of)
     z = standardize_cbv(cbv, cfg.eps, cfg.cbv_threshold)
+    shared = np.bincount(node_of, member_adv, len(nodes)) / np.maximum(sizes, 1)
+    final = modulate(member_adv, z[node_of], cfg.eta, cfg.phi)
     own_nodes: dict[tuple[int, int], list[Node]] = {}  # (problem, parent) -> nodes sorted by b
     branch_value: dict[tuple[int, int], float] = {}  # (problem, branch) -> A^final
-    for node, c, zi in zip(nodes, cbv, z):
-        a = base[node.problem][node.members]
-        node.cbv, node.z, node.shared = float(c), float(zi), float(a.mean())
-        node.final = modulate(a, zi, cfg.eta, cfg.phi)
+    starts = np.concatenate(([0], np.cumsum(sizes)))
+    for j, node in enumerate(nodes):
+        node.cbv, node.z, node.shared = float(cbv[j]), float(z[j]), float(shared[j])
+        node.final = final[starts[j] : starts[j + 1]]
         own_nodes.setdefault((node.problem, node.parent), []).append(node)
-        branch_value.update(((node.problem, int(k)), float(v)) for k, v in zip(node.members[1:], node.final[1:]))
+        branch_value.update(zip(((node.problem, int(k)) for k in node.members[1:]), node.final[1:].tolist()))
 
     # One flat buffer for the whole batch (rows are views into it): the token-level fill is
     # memory-bound, and a single allocation keeps it so.
-    sizes = [int(n) for prob in problems for n in prob.n_tokens]
-    flat_adv = np.empty(sum(sizes), dtype=np.float64)
-    flat_mask = np.ones(sum(sizes), dtype=np.int8)
-    starts = np.concatenate(([0], np.cumsum(sizes)))
+    lengths = np.concatenate([p.n_tokens for p in problems]) if problems else np.zeros(0, np.int64)
+    flat_adv = np.empty(int(lengths.sum()), dtype=np.float64)
+    flat_mask = np.ones(int(lengths.sum()), dtype=np.int8)
+    starts = np.concatenate(([0], np.cumsum(lengths)))
     advantages: list[list[np.ndarray]] = []
     masks: list[list[np.ndarray]] = []
     row = 0

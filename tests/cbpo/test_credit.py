@@ -186,3 +186,10 @@ def test_each_parent_token_lies_in_exactly_one_segment(problems):
             seg = np.searchsorted(bounds, np.arange(prob.n_tokens[k]), side="right")
             values = [own[0].shared] + [0.5 * (own[j].final[0] + own[j + 1].shared) for j in range(len(own) - 1)] + [own[-1].final[0]]
             assert adv == pytest.approx(np.array(values)[seg])
+
+
+def test_cbv_for_all_groups_at_once_matches_per_group():
+    r = np.array([1.0, 0.0, 0.0, 1.0, 1.0, 0.25])
+    node_of = np.array([0, 0, 1, 1, 1, 2])
+    expect = [contrastive_branch_value(r[node_of == g]) for g in range(3)]
+    assert contrastive_branch_value(r, node_of) == pytest.approx(expect)
