@@ -25,7 +25,7 @@ _SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE = 442, -100, 0x8000
 _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 36, 38
 _HOME_TMPFS_OPTIONS = "size=1m,nr_inodes=1024,mode=755"
 _TRACEBACK_FRAMES = 4  # the model needs where it failed, not the whole library stack
-_SOURCE_NAME = "<python>"
+_SOURCE_NAME = "<code>"  # not "<python>": that is a tool tag the model reads
 _CONFINE_FAILED = 125
 
 

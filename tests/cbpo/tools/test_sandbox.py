@@ -107,7 +107,7 @@ def test_plain_mode_work_dir_is_removed_afterwards():
 def test_exception_shows_the_failing_line_and_message():
     result = run("x = 1\ny = [][x]\n")
     assert result.status == "error"
-    assert 'File "<python>", line 2' in result.output
+    assert 'File "<code>", line 2' in result.output
     assert "y = [][x]" in result.output
     assert result.output.rstrip().endswith("IndexError: list index out of range")
     assert "sandbox_child" not in result.output  # our frames are not the model's business

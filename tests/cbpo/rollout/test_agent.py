@@ -1,0 +1,300 @@
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from cbpo.rollout.agent import AgentConfig, run_agent
+from cbpo.rollout.engine import HFEngine, Sample
+from cbpo.trajectory import Trajectory
+
+LOGPROB, ENTROPY = -0.25, 0.5  # what the scripted "model" reports for each of its tokens
+
+
+class ScriptedEngine:
+    """Plays back scripted model text with ``HFEngine.sample``'s signature: call k gives the
+    j-th context the text ``script[k][j]``, tokenised and cut at the first stop token, EOS,
+    stop string or cap, as the real engine would."""
+
+    def __init__(self, tokenizer, script: list[list[str]]):
+        self.tokenizer = tokenizer
+        self.script = script
+        self.calls: list[list[list[int]]] = []
+
+    def sample(self, contexts, max_new_tokens, stop_token_ids=frozenset(), stop_strings=()):
+        texts = self.script[len(self.calls)]
+        self.calls.append([list(c) for c in contexts])
+        assert len(texts) == len(contexts), f"call {len(self.calls)}: {len(contexts)} rows"
+        return [self._one(t, cap, stop_token_ids, stop_strings) for t, cap in zip(texts, max_new_tokens)]
+
+    def _one(self, text, cap, stop_ids, stop_strings) -> Sample:
+        s = Sample()
+        for tok in self.tokenizer.encode(text, add_special_tokens=False):
+            s.token_ids.append(tok)
+            s.logprobs.append(LOGPROB)
+            s.entropies.append(ENTROPY)
+            hit = [x for x in stop_strings if x in self.tokenizer.decode(s.token_ids)]
+            if tok in stop_ids:
+                s.stop, s.stop_match = "stop_token", tok
+            elif tok == self.tokenizer.eos_token_id:
+                s.stop, s.stop_match = "eos", tok
+            elif hit:
+                s.stop, s.stop_match = "stop_string", hit[0]
+            elif len(s.token_ids) == cap:
+                s.stop = "length"
+            else:
+                continue
+            return s
+        raise AssertionError(f"scripted text {text!r} ended without a stop")
+
+
+def echo(code: str) -> str:
+    return f"ran {code}"
+
+
+def fresh(tokenizer, question="What is 1 + 1?") -> Trajectory:
+    return Trajectory(prompt_ids=tokenizer.encode(question))
+
+
+def text(tokenizer, ids) -> str:
+    return tokenizer.decode(ids)
+
+
+def observation_runs(t: Trajectory) -> list[str]:
+    runs, cur = [], []
+    for tok, m in zip(t.response_ids, t.model_mask):
+        if not m:
+            cur.append(tok)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    return runs + ([cur] if cur else [])
+
+
+def check_invariants(t: Trajectory) -> None:
+    n = len(t.response_ids)
+    assert len(t.model_mask) == len(t.logprobs) == len(t.entropies) == n
+    for m, lp, ent in zip(t.model_mask, t.logprobs, t.entropies):
+        if not m:
+            assert lp == 0.0 and ent == 0.0
+
+
+def test_tool_call_inserts_observation_as_non_model_tokens(tokenizer):
+    seen = []
+
+    def python(code):
+        seen.append(code)
+        time.sleep(0.01)
+        return "2\n"  # print output: the observation adds no second newline (as the SFT traces)
+
+    script = [["<python>print(1+1)</python> ignored"], ["<answer>\\boxed{2}</answer>"]]
+    engine = ScriptedEngine(tokenizer, script)
+    [t] = run_agent(engine, tokenizer, [fresh(tokenizer)], {"python": python})
+    assert seen == ["print(1+1)"]
+    assert t.finish == "answer" and t.tool_calls == 1 and t.tool_seconds >= 0.01
+    assert text(tokenizer, t.response_ids) == (
+        "<python>print(1+1)</python><result>\n2\n</result><answer>\\boxed{2}</answer>"
+    )
+    [obs] = observation_runs(t)
+    assert text(tokenizer, obs) == "<result>\n2\n</result>"
+    model = [lp for lp, m in zip(t.logprobs, t.model_mask) if m]
+    assert model == [LOGPROB] * len(model)
+    check_invariants(t)
+    # The second round continued from the prompt, the call and the observation.
+    assert engine.calls[1][0] == t.prompt_ids + t.response_ids[: len(engine.calls[1][0]) - len(t.prompt_ids)]
+    assert text(tokenizer, engine.calls[1][0]).endswith("</result>")
+
+
+def test_batched_rounds_multi_turn_and_every_finish(tokenizer):
+    eos = tokenizer.eos_token
+    engine = ScriptedEngine(
+        tokenizer,
+        [
+            ["<answer>7</answer>", "<python>a</python>", f"no idea{eos}", "<search>q1</search>"],
+            ["<python>b</python>", "<search>q2</search>"],
+            ["<answer>ab</answer>", "<answer>q</answer>"],
+        ],
+    )
+    tools = {"python": echo, "search": lambda q: f"found {q}"}
+    rows = [fresh(tokenizer, q) for q in ("A?", "B?", "C?", "D?")]
+    out = run_agent(engine, tokenizer, rows, tools)
+    assert [len(c) for c in engine.calls] == [4, 2, 2]  # one call per round, active rows only
+    assert [t.finish for t in out] == ["answer", "answer", "eos", "answer"]
+    assert [t.tool_calls for t in out] == [0, 2, 0, 2]
+    assert text(tokenizer, out[1].response_ids) == (
+        "<python>a</python><result>\nran a\n</result><python>b</python><result>\nran b\n</result>"
+        "<answer>ab</answer>"
+    )
+    assert [text(tokenizer, o) for o in observation_runs(out[3])] == [
+        "<result>\nfound q1\n</result>",
+        "<result>\nfound q2\n</result>",
+    ]
+    assert out[2].response_ids[-1] == tokenizer.eos_token_id
+    for t in out:
+        check_invariants(t)
+    assert all(not r.response_ids for r in rows)  # inputs untouched
+
+
+def test_one_rounds_python_calls_run_in_worker_threads_and_land_in_their_rows(tokenizer):
+    threads = set()
+
+    def python(code):
+        threads.add(threading.current_thread().name)
+        time.sleep(0.02)  # overlap the calls so both workers take some
+        return f"ran {code}"
+
+    codes = ["a", "bb", "ccc", "dddd"]
+    engine = ScriptedEngine(tokenizer, [[f"<python>{c}</python>" for c in codes], ["<answer>1</answer>"] * 4])
+    out = run_agent(engine, tokenizer, [fresh(tokenizer) for _ in codes], {"python": python})
+    observed = [text(tokenizer, observation_runs(t)[0]) for t in out]
+    assert observed == [f"<result>\nran {c}\n</result>" for c in codes]
+    assert len(threads) == 2 and threading.main_thread().name not in threads
+
+
+def test_tool_cap_stops_with_turns_without_running_the_call(tokenizer):
+    calls = []
+    engine = ScriptedEngine(tokenizer, [["<python>one</python>"], ["<python>two</python>"]])
+    cfg = AgentConfig(max_tool_calls=1)
+    [t] = run_agent(engine, tokenizer, [fresh(tokenizer)], {"python": lambda c: calls.append(c) or "ok"}, cfg)
+    assert calls == ["one"]
+    assert t.finish == "turns" and t.tool_calls == 1
+    assert text(tokenizer, t.response_ids).endswith("<python>two</python>")
+    assert t.model_mask[-1]
+
+
+def test_tool_errors_become_observations(tokenizer):
+    def broken(code):
+        raise ValueError("boom")
+
+    engine = ScriptedEngine(
+        tokenizer,
+        [
+            ["<python>x</python>", "<search>q</search>", "oops</python>"],
+            ["<answer>1</answer>"] * 3,
+        ],
+    )
+    rows = [fresh(tokenizer) for _ in range(3)]
+    out = run_agent(engine, tokenizer, rows, {"python": broken})
+    observed = [text(tokenizer, observation_runs(t)[0]) for t in out]
+    assert observed == [
+        "<result>\nError: ValueError: boom\n</result>",
+        "<result>\nError: no tool named 'search' is available\n</result>",
+        "<result>\nError: the python call has no opening tag\n</result>",
+    ]
+    assert all(t.finish == "answer" and t.tool_calls == 1 for t in out)
+
+
+def test_non_string_tool_output_is_a_wiring_error(tokenizer):
+    engine = ScriptedEngine(tokenizer, [["<python>x</python>"]])
+    with pytest.raises(TypeError, match="tool 'python' returned int"):
+        run_agent(engine, tokenizer, [fresh(tokenizer)], {"python": lambda c: 3})
+
+
+def branch_of(tokenizer, parts: list[tuple[str, bool]], **kw) -> Trajectory:
+    """A prefix built from (text, is_model) parts, with made-up model log-probs."""
+    t = Trajectory(prompt_ids=tokenizer.encode("Q?"), kind="branch", parent=2, at=3, **kw)
+    for s, is_model in parts:
+        ids = tokenizer.encode(s, add_special_tokens=False)
+        t.response_ids += ids
+        t.model_mask += [is_model] * len(ids)
+        t.logprobs += [-1.0 if is_model else 0.0] * len(ids)
+        t.entropies += [0.3 if is_model else 0.0] * len(ids)
+    return t
+
+
+def test_continue_from_prefix_right_after_an_observation(tokenizer):
+    parts = [("<python>a</python>", True), ("<result>\nran a\n</result>", False)]
+    prefix = branch_of(tokenizer, parts, tool_calls=1)
+    script = [["So <python>b</python>", "oops</python>"], ["<answer>b</answer>"] * 2]
+    engine = ScriptedEngine(tokenizer, script)
+    out = run_agent(engine, tokenizer, [prefix, prefix], {"python": echo}, AgentConfig(max_tool_calls=2))
+    assert engine.calls[0] == [prefix.prompt_ids + prefix.response_ids] * 2
+    for t in out:
+        assert t.response_ids[: len(prefix.response_ids)] == prefix.response_ids
+        assert t.logprobs[: len(prefix.logprobs)] == prefix.logprobs
+        assert (t.kind, t.parent, t.at) == ("branch", 2, 3)
+        assert t.finish == "answer" and t.tool_calls == 2
+        check_invariants(t)
+    # Each call is parsed within its own turn: the prefix's <python> does not open the second.
+    assert [text(tokenizer, observation_runs(t)[-1]) for t in out] == [
+        "<result>\nran b\n</result>",
+        "<result>\nError: the python call has no opening tag\n</result>",
+    ]
+
+
+def test_continue_from_prefix_inside_a_python_block(tokenizer):
+    prefix = branch_of(tokenizer, [("Let me compute. <python>print(", True)])
+    engine = ScriptedEngine(tokenizer, [["2+3)</python>"], ["<answer>5</answer>"]])
+    [t] = run_agent(engine, tokenizer, [prefix], {"python": echo})
+    assert text(tokenizer, observation_runs(t)[0]) == "<result>\nran print(2+3)\n</result>"
+    assert t.finish == "answer" and t.tool_calls == 1
+
+
+def test_multi_token_tags_use_stop_strings(tokenizer):
+    cfg = AgentConfig(tool_tags={"python": ("<code>", "</code>")})
+    assert len(tokenizer.encode("</code>", add_special_tokens=False)) > 1
+    engine = ScriptedEngine(tokenizer, [["<code>x = 1</code>\n"], ["<answer>1</answer>"]])
+    [t] = run_agent(engine, tokenizer, [fresh(tokenizer)], {"python": echo}, cfg)
+    assert text(tokenizer, observation_runs(t)[0]) == "<result>\nran x = 1\n</result>"
+    assert t.finish == "answer"
+
+
+def test_length_caps_turn_total_and_observation(tokenizer):
+    long_turn = ScriptedEngine(tokenizer, [["word " * 40]])
+    [t] = run_agent(long_turn, tokenizer, [fresh(tokenizer)], {}, AgentConfig(max_new_tokens=10))
+    assert t.finish == "length" and len(t.response_ids) == 10
+
+    call = "<python>x</python>"
+    n_call = len(tokenizer.encode(call, add_special_tokens=False))
+    cfg = AgentConfig(max_total_tokens=n_call + 3)
+    [t] = run_agent(ScriptedEngine(tokenizer, [[call]]), tokenizer, [fresh(tokenizer)], {"python": echo}, cfg)
+    assert t.finish == "length" and len(t.response_ids) == n_call + 3 and not any(t.model_mask[n_call:])
+
+    too_long = branch_of(tokenizer, [("word " * 20, True)])
+    [t] = run_agent(ScriptedEngine(tokenizer, []), tokenizer, [too_long], {}, AgentConfig(max_total_tokens=5))
+    assert t.finish == "length" and t.response_ids == too_long.response_ids
+
+
+def test_long_observation_is_truncated(tokenizer):
+    engine = ScriptedEngine(tokenizer, [["<python>x</python>"], ["<answer>1</answer>"]])
+    cfg = AgentConfig(max_obs_tokens=5)
+    [t] = run_agent(engine, tokenizer, [fresh(tokenizer)], {"python": lambda c: "y" * 500}, cfg)
+    obs = text(tokenizer, observation_runs(t)[0])
+    assert obs.startswith("<result>\ny") and obs.endswith("\n[output truncated]\n</result>")
+    assert obs.count("y") <= 5 * 4  # at most 5 tokens of output survive
+
+
+def test_finished_trajectories_come_back_as_is(tokenizer):
+    done = Trajectory(
+        prompt_ids=[1, 2], response_ids=[5], model_mask=[True], logprobs=[-1.0], entropies=[0.1],
+        finish="eos", reward=1.0,
+    )  # fmt: skip
+    [t] = run_agent(ScriptedEngine(tokenizer, []), tokenizer, [done], {})
+    assert t == done and t is not done
+
+
+def test_end_to_end_with_the_real_engine(model, tokenizer, boost):
+    tags = ["<python>", "</python>", "</answer>", "<search>", "</search>"]
+    boost([tokenizer.convert_tokens_to_ids(x) for x in tags], 2.5)
+    engine = HFEngine(model, tokenizer, generator=0)
+    rows = [fresh(tokenizer, q) for q in ("What is 12 + 7 * 3?", "Who wrote it?")] * 4
+    rows.append(branch_of(tokenizer, [("<python>print(", True)]))
+    cfg = AgentConfig(max_tool_calls=2, max_new_tokens=40, max_total_tokens=120, max_obs_tokens=8)
+    out = run_agent(engine, tokenizer, rows, {"python": echo, "search": lambda q: "nothing"}, cfg)
+    assert all(t.done for t in out)
+    assert sum(t.tool_calls for t in out) > 0  # the boosted tags make calls happen
+    for t, row in zip(out, rows):
+        check_invariants(t)
+        assert len(t.response_ids) <= cfg.max_total_tokens
+        assert len(observation_runs(t)) == t.tool_calls
+        for obs in observation_runs(t):
+            obs_text = text(tokenizer, obs)
+            assert obs_text.startswith("<result>\n") and obs_text.endswith("\n</result>")
+        assert t.response_ids[: len(row.response_ids)] == row.response_ids
+        assert all(lp < 0 for lp, m in zip(t.logprobs, t.model_mask) if m)
+        if t.finish == "answer":
+            assert t.response_ids[-1] == tokenizer.convert_tokens_to_ids("</answer>")
+        if t.finish == "turns":
+            assert t.tool_calls == cfg.max_tool_calls and t.model_mask[-1]
+
