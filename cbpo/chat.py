@@ -47,6 +47,15 @@ CHATML_TEMPLATE = (
 )
 
 
+def resolve_system_prompt(name: str | None) -> str | None:
+    """Config value -> system prompt: "default" is ``SYSTEM_PROMPT``, "none" (or null) is no
+    system message (the tiny scratch model learns the format from SFT alone), anything else is
+    the prompt text itself. Every method and the evaluation use the same value."""
+    if name is None or name == "none":
+        return None
+    return SYSTEM_PROMPT if name == "default" else name
+
+
 def tag_tokens() -> list[str]:
     """All tool tags (opening and closing), in ``TOOL_TAGS`` order."""
     return [tag for pair in TOOL_TAGS.values() for tag in pair]

@@ -18,6 +18,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from cbpo.chat import resolve_system_prompt
 from cbpo.data import load_split
 from cbpo.trainer import DONE, MetricsLog, RLConfig, SFTConfig, rl_train, save_checkpoint, sft
 
@@ -61,7 +62,7 @@ def main(cfg: DictConfig) -> None:
     try:
         if stage == "sft":
             model, tokenizer = load_model(resolve_model(cfg.model.name, Path(cfg.paths.models_dir)))
-            sft(model, tokenizer, rows, _dataclass_from(SFTConfig, cfg.sft), out, log)
+            sft(model, tokenizer, rows, _dataclass_from(SFTConfig, cfg.sft), out, log, resolve_system_prompt(cfg.system_prompt))
         elif stage == "rl":
             init = Path(cfg.init)
             if not (init / DONE).is_file():
@@ -74,7 +75,8 @@ def main(cfg: DictConfig) -> None:
             tools = build_tools(cfg.data.tools, cfg.tools_cfg, search_seed=cfg.data.seed)
             rewarder = Rewarder()
             try:
-                rl_train(model, tokenizer, method, rows, tools, rewarder, _dataclass_from(RLConfig, cfg.rl), out, log)
+                rl_train(model, tokenizer, method, rows, tools, rewarder, _dataclass_from(RLConfig, cfg.rl), out, log,
+                         resolve_system_prompt(cfg.system_prompt))
             finally:
                 rewarder.close()
         else:

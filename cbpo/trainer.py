@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from cbpo.chat import build_prompt, split_observations
+from cbpo.chat import SYSTEM_PROMPT, build_prompt, split_observations
 from cbpo.objective import policy_objective
 from cbpo.registry import Method
 from cbpo.rollout.agent import AgentConfig, run_agent
@@ -134,11 +134,11 @@ class MetricsLog:
 
 # ----------------------------------------------------------------------------- SFT
 
-def encode_trace(tokenizer, question: str, trace: str) -> tuple[list[int], list[int]]:
+def encode_trace(tokenizer, question: str, trace: str, system_prompt: str | None = SYSTEM_PROMPT) -> tuple[list[int], list[int]]:
     """Prompt + response ids, and a loss mask that is 1 on the model's own tokens only
     (observations ``<result>…</result>`` and the prompt get no loss). The response ends with
     the end-of-turn token, as generation does."""
-    ids = build_prompt(tokenizer, question)
+    ids = build_prompt(tokenizer, question, system_prompt)
     mask = [0] * len(ids)
     for text, is_model in split_observations(trace):
         piece = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -153,11 +153,14 @@ def _lr_lambda(warmup: int) -> Callable[[int], float]:
     return lambda step: min(1.0, (step + 1) / max(1, warmup))
 
 
-def sft(model, tokenizer, rows: Sequence[Mapping[str, Any]], cfg: SFTConfig, run_dir: Path, log: MetricsLog) -> None:
+def sft(
+    model, tokenizer, rows: Sequence[Mapping[str, Any]], cfg: SFTConfig, run_dir: Path, log: MetricsLog,
+    system_prompt: str | None = SYSTEM_PROMPT,
+) -> None:
     """Supervised fine-tuning on the rows' traces, loss on model tokens only."""
     if not rows:
         raise ValueError("SFT needs at least one training row")
-    examples = [encode_trace(tokenizer, r["question"], r["trace"]) for r in rows]
+    examples = [encode_trace(tokenizer, r["question"], r["trace"], system_prompt) for r in rows]
     too_long = sum(len(ids) > cfg.max_len for ids, _ in examples)
     if too_long:
         raise ValueError(f"{too_long} SFT examples exceed max_len={cfg.max_len} tokens")
@@ -264,6 +267,7 @@ def rl_train(
     cfg: RLConfig,
     run_dir: Path,
     log: MetricsLog,
+    system_prompt: str | None = SYSTEM_PROMPT,
 ) -> None:
     if not rows:
         raise ValueError("RL needs at least one training row")
@@ -272,7 +276,7 @@ def rl_train(
     start = _resume(run_dir, model, opt, None, log)
     agent_cfg = AgentConfig(**cfg.agent)
     engine = HFEngine(model, tokenizer, top_k_entropy=cfg.top_k_entropy, temperature=cfg.temperature, generator=cfg.seed + start)
-    prompts = [build_prompt(tokenizer, r["question"]) for r in rows]
+    prompts = [build_prompt(tokenizer, r["question"], system_prompt) for r in rows]
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"rl[{method.name}]", dynamic_ncols=True)
     for step in bar:
         t0 = time.perf_counter()

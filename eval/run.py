@@ -19,7 +19,7 @@ from eval.runner import run_benchmark
 from eval.scoring import scorer_for
 
 
-def make_generate(model, tokenizer, tools, agent_cfg, temperature: float, seed: int):
+def make_generate(model, tokenizer, tools, agent_cfg, temperature: float, seed: int, system_prompt: str | None):
     """The runner's ``generate(rows, n)`` on the rollout engine and agent loop."""
     from cbpo.chat import build_prompt
     from cbpo.rollout.agent import run_agent
@@ -29,7 +29,7 @@ def make_generate(model, tokenizer, tools, agent_cfg, temperature: float, seed: 
     engine = HFEngine(model, tokenizer, temperature=temperature, generator=seed)
 
     def generate(rows, n):
-        fresh = [Trajectory(prompt_ids=build_prompt(tokenizer, row["question"])) for row in rows for _ in range(n)]
+        fresh = [Trajectory(prompt_ids=build_prompt(tokenizer, row["question"], system_prompt)) for row in rows for _ in range(n)]
         with torch.no_grad():
             done = run_agent(engine, tokenizer, fresh, tools, agent_cfg)
         texts = tokenizer.batch_decode([t.response_ids for t in done], skip_special_tokens=False)
@@ -41,6 +41,7 @@ def make_generate(model, tokenizer, tools, agent_cfg, temperature: float, seed: 
 
 @hydra.main(config_path="../configs", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> None:
+    from cbpo.chat import resolve_system_prompt
     from cbpo.models import load_model
     from cbpo.rollout.agent import AgentConfig
     from cbpo.tools import build_tools
@@ -56,7 +57,7 @@ def main(cfg: DictConfig) -> None:
     # Every task offers both tools (Sec. 5.1); the built-in corpus serves search offline.
     tools = build_tools(["python", "search"], cfg.tools_cfg, search_seed=cfg.data.seed)
     agent_cfg = AgentConfig(**OmegaConf.to_container(cfg.rl.agent, resolve=True))
-    generate = make_generate(model, tokenizer, tools, agent_cfg, cfg.evaluation.temperature, cfg.seed)
+    generate = make_generate(model, tokenizer, tools, agent_cfg, cfg.evaluation.temperature, cfg.seed, resolve_system_prompt(cfg.system_prompt))
     scorer = scorer_for(bench, fallback=cfg.judge_fallback)
     try:
         summary = run_benchmark(

@@ -43,6 +43,26 @@ class Sample:
     stop_match: int | str | None = None
 
 
+def check_sample_args(contexts, max_new_tokens, stop_strings) -> tuple[list[int], tuple[str, ...]]:
+    """The ``sample`` contract's argument checks, shared by every engine: per-row token caps
+    and the stop strings as a tuple."""
+    n = len(contexts)
+    budgets = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(budgets) != n:
+        raise ValueError(f"max_new_tokens has {len(budgets)} entries for {n} contexts")
+    for i, (ctx, cap) in enumerate(zip(contexts, budgets)):
+        if len(ctx) == 0:
+            raise ValueError(f"context {i} is empty: sampling needs at least one token")
+        if cap < 0:
+            raise ValueError(f"max_new_tokens[{i}] is negative ({cap})")
+    if isinstance(stop_strings, str):
+        raise TypeError("stop_strings must be a list of strings, not one string")
+    stop_strings = tuple(stop_strings)
+    if any(not s for s in stop_strings):
+        raise ValueError("stop_strings must not contain an empty string")
+    return budgets, stop_strings
+
+
 class HFEngine:
     """Samples continuations of many token contexts in one batch.
 
@@ -112,19 +132,7 @@ class HFEngine:
         "stop_token".
         """
         n = len(contexts)
-        budgets = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        if len(budgets) != n:
-            raise ValueError(f"max_new_tokens has {len(budgets)} entries for {n} contexts")
-        for i, (ctx, cap) in enumerate(zip(contexts, budgets)):
-            if len(ctx) == 0:
-                raise ValueError(f"context {i} is empty: sampling needs at least one token")
-            if cap < 0:
-                raise ValueError(f"max_new_tokens[{i}] is negative ({cap})")
-        if isinstance(stop_strings, str):
-            raise TypeError("stop_strings must be a list of strings, not one string")
-        stop_strings = tuple(stop_strings)
-        if any(not s for s in stop_strings):
-            raise ValueError("stop_strings must not contain an empty string")
+        budgets, stop_strings = check_sample_args(contexts, max_new_tokens, stop_strings)
         samples = [Sample() for _ in range(n)]
         active = [i for i in range(n) if budgets[i] > 0]
         if active:

@@ -1,0 +1,187 @@
+"""vLLM rollout engine for GPUs, behind ``HFEngine.sample``'s interface (cbpo/rollout/engine.py).
+
+Every call is one ``LLM.generate`` over all contexts, given as token prompts, so a CBPO branch
+continuation (Sec. 4.2) is just another prompt; with prefix caching on, a branch's prefix (the
+parent's prompt and response up to the boundary) is served from the KV-cache blocks its parent
+already filled, and only the continuation costs compute. Per sampled token the engine returns
+what ``HFEngine`` returns:
+
+* its log-probability under the *raw* policy (temperature 1, no top-p), log pi_old in Eq. 20:
+  the engine is built with ``logprobs_mode="raw_logprobs"``, documented as "the values before
+  applying any logit processors", temperature and top-p included;
+* the truncated top-K entropy ``-sum_{v in topK} p_v log p_v`` of the raw distribution,
+  un-renormalised (Eq. 6), from the K largest log-probs vLLM reports with ``logprobs=K``.
+
+vLLM assumptions (checked against the vLLM docs and source, written for vLLM 0.24.0, the version
+verl 0.9.1's ``vllm`` extra pins, see environment.yml; the V1 engine):
+
+* ``vllm.LLM(..., logprobs_mode=..., max_logprobs=...)`` forwards both to the model config
+  (``logprobs_mode`` appeared in 0.10; ``max_logprobs`` defaults to 20, so it is raised when
+  ``top_k_entropy`` is larger);
+* ``SamplingParams(logprobs=K)`` gives, per output position, a dict ``{token_id: Logprob}``
+  holding the K most likely tokens *and* the sampled token, so K or K + 1 entries;
+* a request stops on its EOS before its stop token ids, and on either before its length cap;
+  ``finish_reason`` is "stop" or "length"; ``stop_reason`` is the stop string (a str), the stop
+  token (an int) or None for EOS. Token ids always include the stop token or EOS; with
+  ``include_stop_str_in_output`` the stop string's last token is in the ids as well;
+* stop strings are matched in the generated text only. ``HFEngine`` also accepts a match that
+  starts in the context; the agent loop's contexts end after a closed tag, an observation or the
+  prompt, where no stop string is half-written.
+
+Sampling is seeded once, through ``vllm.LLM(seed=...)``. Requests carry no seed of their own: two
+identical contexts with the same request seed would draw the same continuation (GRPO's samples
+of one prompt must differ), and seeded requests take a slower per-request sampling path. As in
+any batched vLLM run, the samples depend on batch composition, so a rerun need not reproduce
+them exactly.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+from cbpo.rollout.engine import Sample, check_sample_args
+
+_VLLM_DEFAULT_MAX_LOGPROBS = 20
+
+
+class VLLMEngine:
+    """Samples continuations of many token contexts in one ``vllm.LLM.generate`` call.
+
+    ``model`` is a Hugging Face id or path for ``vllm.LLM``; ``tokenizer`` is the matching
+    Hugging Face tokenizer (the agent loop decodes with it). Pass ``llm`` to use an already built
+    ``vllm.LLM``-like object instead (its own seed and logprobs mode then apply); ``llm_kwargs``
+    go to ``vllm.LLM`` as they are (``dtype``, ``enforce_eager``, ...). ``temperature=0``
+    samples greedily; the returned log-probs are the raw policy's whatever the temperature.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        tokenizer,
+        top_k_entropy: int = 10,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.85,
+        tensor_parallel_size: int = 1,
+        max_model_len: int | None = None,
+        llm=None,
+        llm_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if top_k_entropy < 1:
+            raise ValueError(f"top_k_entropy must be >= 1, got {top_k_entropy}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        try:
+            import vllm
+        except ImportError as exc:
+            raise ImportError(
+                "the vLLM engine needs a GPU environment: see environment.yml "
+                f"(importing vllm failed: {exc})"
+            ) from exc
+        self._vllm = vllm
+        self.tokenizer = tokenizer
+        self.top_k_entropy = top_k_entropy
+        self.temperature = temperature
+        self.top_p = top_p
+        if llm is None:
+            llm = vllm.LLM(
+                model=model,
+                seed=seed,
+                enable_prefix_caching=True,
+                gpu_memory_utilization=gpu_memory_utilization,
+                tensor_parallel_size=tensor_parallel_size,
+                max_model_len=max_model_len,
+                logprobs_mode="raw_logprobs",
+                max_logprobs=max(_VLLM_DEFAULT_MAX_LOGPROBS, top_k_entropy),
+                **dict(llm_kwargs or {}),
+            )
+        self.llm = llm
+
+    def sample(
+        self,
+        contexts: Sequence[Sequence[int]],
+        max_new_tokens: int | Sequence[int],
+        stop_token_ids: Iterable[int] = frozenset(),
+        stop_strings: Sequence[str] = (),
+    ) -> list[Sample]:
+        """Continue every context until a stop token, EOS, a stop string or its token cap.
+
+        Same contract as ``HFEngine.sample``: ``max_new_tokens`` is one cap for all rows or one
+        per row (a row with cap 0 returns an empty "length" sample and is not sent to vLLM); a
+        token both in ``stop_token_ids`` and an EOS reports "stop_token".
+        """
+        n = len(contexts)
+        budgets, stop_strings = check_sample_args(contexts, max_new_tokens, stop_strings)
+        stop_ids = frozenset(int(t) for t in stop_token_ids)
+
+        samples = [Sample() for _ in range(n)]
+        active = [i for i in range(n) if budgets[i] > 0]
+        if not active:
+            return samples
+        prompts = [self._vllm.TokensPrompt(prompt_token_ids=list(contexts[i])) for i in active]
+        params = [self._params(budgets[i], stop_ids, stop_strings) for i in active]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        if len(outputs) != len(active):
+            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(active)} prompts")
+        for i, out in zip(active, outputs):
+            samples[i] = self._to_sample(out.outputs[0], stop_ids, i)
+        return samples
+
+    def _params(self, max_tokens: int, stop_ids: frozenset[int], stop_strings: tuple[str, ...]):
+        return self._vllm.SamplingParams(
+            n=1,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_tokens=max_tokens,
+            stop_token_ids=sorted(stop_ids),
+            stop=list(stop_strings),
+            include_stop_str_in_output=True,
+            # Stop strings are matched on this text: keep special tokens in it, as HFEngine's
+            # decode does, so a string containing one can still match.
+            skip_special_tokens=False,
+            logprobs=self.top_k_entropy,
+        )
+
+    def _to_sample(self, completion, stop_ids: frozenset[int], row: int) -> Sample:
+        """Map one vLLM ``CompletionOutput`` to a ``Sample``."""
+        token_ids = [int(t) for t in completion.token_ids]
+        position_logprobs = completion.logprobs
+        if position_logprobs is None or len(position_logprobs) != len(token_ids):
+            got = "none" if position_logprobs is None else len(position_logprobs)
+            raise RuntimeError(f"row {row}: vLLM returned {got} logprob entries for {len(token_ids)} tokens")
+        s = Sample(token_ids=token_ids)
+        for pos, (tok, entries) in enumerate(zip(token_ids, position_logprobs)):
+            if tok not in entries:
+                raise RuntimeError(f"row {row}, position {pos}: the sampled token {tok} has no logprob")
+            s.logprobs.append(float(entries[tok].logprob))
+            s.entropies.append(_top_k_entropy(entries, self.top_k_entropy))
+        s.stop, s.stop_match = _stop(completion, token_ids, stop_ids, row)
+        return s
+
+
+def _top_k_entropy(entries: Mapping[int, Any], k: int) -> float:
+    """``-sum p log p`` over the k largest log-probs of one position (Eq. 6, un-renormalised).
+    When the sampled token is outside the top k it is an extra, smaller entry, so the k largest
+    values are exactly the top k (ties with the k-th value give the same sum)."""
+    top = sorted((e.logprob for e in entries.values()), reverse=True)[:k]
+    return 0.0 - sum(math.exp(lp) * lp for lp in top if lp > -math.inf)  # 0 log 0 = 0; no -0.0
+
+
+def _stop(completion, token_ids: list[int], stop_ids: frozenset[int], row: int) -> tuple[str, int | str | None]:
+    """``(stop, stop_match)`` as ``HFEngine`` reports them, from vLLM's finish and stop reasons."""
+    reason = completion.finish_reason
+    if reason == "length":
+        return "length", None
+    if reason != "stop":
+        raise RuntimeError(f"row {row}: vLLM finished with {reason!r}, expected 'stop' or 'length'")
+    if isinstance(completion.stop_reason, str):
+        return "stop_string", completion.stop_reason
+    if not token_ids:
+        raise RuntimeError(f"row {row}: vLLM reports a stop with no generated token")
+    # stop_reason is None for the tokenizer's EOS and the token id otherwise; vLLM also adds the
+    # generation config's other EOS ids to the stop ids, so classify by the last token itself.
+    last = token_ids[-1]
+    return ("stop_token" if last in stop_ids else "eos"), last

@@ -1,0 +1,194 @@
+"""GPU smoke test of the vLLM rollout engine (cbpo/rollout/vllm_engine.py) inside the real agent
+loop, for a machine with a CUDA GPU and the environment.yml environment (vLLM 0.24.0):
+
+    python scripts/gpu_smoke.py                      # Qwen/Qwen3-0.6B, 4 arith problems x 4
+    python scripts/gpu_smoke.py --check-logprobs     # also compare against a transformers pass
+
+It loads the model in ``VLLMEngine``, runs ``run_agent`` with the sandboxed Python tool on 4
+built-in arithmetic problems, and prints sampling tokens/s, the engine's stop reasons, the
+trajectories' finishes, the mean top-K entropy and the mean reward. It checks the invariants
+the trainer relies on (one log-prob and one entropy per response token, zeros on observation
+tokens, log-probs <= 0, entropies >= 0 and finite). ``--check-logprobs`` re-scores every
+sequence with a transformers forward pass and prints the largest and mean absolute differences
+of the sampled tokens' log-probs and of the top-K entropies. Sampling uses temperature 0.8 by
+default so that the check tells raw log-probs (what the engine must return) from processed
+ones (temperature-scaled), which coincide at temperature 1.
+
+Exit status 0 when every check passes, 1 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout too
+
+# Generous for rounding: vLLM computes log-softmax in float32 and may return e.g. 1e-7.
+NUMERIC_SLACK = 1e-5
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Smoke-test VLLMEngine in the agent loop on a GPU (needs vllm: see environment.yml).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--model", default="Qwen/Qwen3-0.6B", help="Hugging Face id or local path")
+    p.add_argument("--samples", type=int, default=4, help="rollouts per problem (4 problems)")
+    p.add_argument("--max-new-tokens", type=int, default=512, help="cap per agent turn")
+    p.add_argument("--max-total-tokens", type=int, default=1536, help="cap per response")
+    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (not 1: see above)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    p.add_argument("--top-k-entropy", type=int, default=10, help="K of the truncated entropy (Eq. 6)")
+    p.add_argument("--seed", type=int, default=0, help="vLLM seed and arith problem seed")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="model dtype, for vLLM and the transformers check")
+    p.add_argument("--max-model-len", type=int, default=4096, help="vLLM context length")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.7,
+                   help="vLLM's share of GPU memory; the rest holds the transformers check")  # fmt: skip
+    p.add_argument("--check-logprobs", action="store_true",
+                   help="compare vLLM's sampled-token log-probs with a transformers forward pass")  # fmt: skip
+    p.add_argument("--logprob-tol", type=float, default=0.05,
+                   help="largest accepted MEAN absolute log-prob difference in --check-logprobs")  # fmt: skip
+    return p.parse_args(argv)
+
+
+class TimedEngine:
+    """Passes ``sample`` through, counting calls, tokens, seconds and stop reasons."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.calls = self.tokens = 0
+        self.seconds = 0.0
+        self.stops: Counter[str] = Counter()
+
+    def sample(self, contexts, max_new_tokens, stop_token_ids=frozenset(), stop_strings=()):
+        start = time.perf_counter()
+        samples = self.engine.sample(contexts, max_new_tokens, stop_token_ids, stop_strings)
+        self.seconds += time.perf_counter() - start
+        self.calls += 1
+        self.tokens += sum(len(s.token_ids) for s in samples)
+        self.stops.update(s.stop for s in samples)
+        return samples
+
+
+def invariant_errors(trajectories) -> list[str]:
+    errors = []
+    for k, t in enumerate(trajectories):
+        n = len(t.response_ids)
+        if not len(t.model_mask) == len(t.logprobs) == len(t.entropies) == n:
+            errors.append(f"trajectory {k}: {n} tokens, {len(t.model_mask)} mask, "
+                          f"{len(t.logprobs)} logprobs, {len(t.entropies)} entropies")  # fmt: skip
+            continue
+        for j, (m, lp, ent) in enumerate(zip(t.model_mask, t.logprobs, t.entropies)):
+            if not m and (lp != 0.0 or ent != 0.0):
+                errors.append(f"trajectory {k}, token {j}: observation token with logprob {lp}, entropy {ent}")
+            elif m and not (math.isfinite(lp) and lp <= NUMERIC_SLACK):
+                errors.append(f"trajectory {k}, token {j}: log-prob {lp}")
+            elif m and not (math.isfinite(ent) and ent >= -NUMERIC_SLACK):
+                errors.append(f"trajectory {k}, token {j}: entropy {ent}")
+    if not any(t.n_model_tokens for t in trajectories):
+        errors.append("no model tokens were generated")
+    return errors
+
+
+def compare_with_transformers(args, trajectories) -> tuple[float, float, float, float]:
+    """Max and mean |vLLM - transformers| of the sampled tokens' raw log-probs, then of the
+    top-K entropies, over every model token."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype))
+    model = model.to("cuda").eval()
+    lp_diffs, ent_diffs = [], []
+    with torch.inference_mode():
+        for t in trajectories:
+            ids = torch.tensor([t.prompt_ids + t.response_ids], device="cuda")
+            logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+            start = len(t.prompt_ids)
+            pos = torch.tensor([start + j for j, m in enumerate(t.model_mask) if m], device="cuda")
+            if len(pos) == 0:
+                continue
+            rows = logp[pos - 1]  # the distribution each model token was drawn from
+            hf_lp = rows.gather(1, ids[0, pos].unsqueeze(1)).squeeze(1)
+            top = rows.topk(args.top_k_entropy, dim=-1).values.exp()
+            hf_ent = -torch.special.xlogy(top, top).sum(-1)
+            ours_lp = torch.tensor([lp for lp, m in zip(t.logprobs, t.model_mask) if m], device="cuda")
+            ours_ent = torch.tensor([e for e, m in zip(t.entropies, t.model_mask) if m], device="cuda")
+            lp_diffs.append((ours_lp - hf_lp).abs())
+            ent_diffs.append((ours_ent - hf_ent).abs())
+    lp_d, ent_d = torch.cat(lp_diffs), torch.cat(ent_diffs)
+    return lp_d.max().item(), lp_d.mean().item(), ent_d.max().item(), ent_d.mean().item()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers import AutoTokenizer
+
+    from cbpo.chat import build_prompt
+    from cbpo.reward import Rewarder
+    from cbpo.rollout.agent import AgentConfig, run_agent
+    from cbpo.rollout.vllm_engine import VLLMEngine
+    from cbpo.tasks import arith
+    from cbpo.tools import build_tools
+    from cbpo.trajectory import Trajectory
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    start = time.perf_counter()
+    engine = TimedEngine(VLLMEngine(
+        args.model,
+        tokenizer,
+        top_k_entropy=args.top_k_entropy,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=args.max_model_len,
+        llm_kwargs={"dtype": args.dtype},
+    ))  # fmt: skip
+    print(f"engine ready in {time.perf_counter() - start:.1f} s ({args.model}, {args.dtype})")
+
+    rows = arith.generate(args.seed, 0, 4)["test"]
+    row_of = [row for row in rows for _ in range(args.samples)]
+    trajectories = [Trajectory(prompt_ids=build_prompt(tokenizer, row["question"])) for row in row_of]
+    tools = build_tools(["python"], {"python_timeout": 10})
+    cfg = AgentConfig(max_new_tokens=args.max_new_tokens, max_total_tokens=args.max_total_tokens)
+    start = time.perf_counter()
+    done = run_agent(engine, tokenizer, trajectories, tools, cfg)
+    wall = time.perf_counter() - start
+
+    rewarder = Rewarder()
+    try:
+        rewards = rewarder([tokenizer.decode(t.response_ids) for t in done], row_of)
+    finally:
+        rewarder.close()
+    entropies = [e for t in done for e, m in zip(t.entropies, t.model_mask) if m]
+    print(f"rollouts {len(done)}, sample() calls {engine.calls}, generated tokens {engine.tokens}")
+    print(f"sampling {engine.seconds:.2f} s, {engine.tokens / max(engine.seconds, 1e-9):.0f} tokens/s; "
+          f"agent loop {wall:.2f} s; tool calls {sum(t.tool_calls for t in done)}, "
+          f"tool seconds {sum(t.tool_seconds for t in done):.2f}")  # fmt: skip
+    print(f"engine stop reasons {dict(engine.stops)}")
+    print(f"trajectory finishes {dict(Counter(t.finish for t in done))}")
+    print(f"mean top-{args.top_k_entropy} entropy {sum(entropies) / max(len(entropies), 1):.4f} "
+          f"over {len(entropies)} model tokens; mean reward {sum(rewards) / len(rewards):.3f}")  # fmt: skip
+    print(f"example response:\n{tokenizer.decode(done[0].response_ids)}\n")
+
+    errors = invariant_errors(done)
+    if args.check_logprobs:
+        lp_max, lp_mean, ent_max, ent_mean = compare_with_transformers(args, done)
+        print(f"vLLM vs transformers: log-prob |diff| max {lp_max:.4f} mean {lp_mean:.5f}; "
+              f"entropy |diff| max {ent_max:.4f} mean {ent_mean:.5f}")  # fmt: skip
+        if lp_mean > args.logprob_tol:
+            errors.append(f"mean log-prob difference {lp_mean:.4f} exceeds --logprob-tol {args.logprob_tol}")
+    for e in errors[:20]:
+        print("FAILED:", e)
+    print("SMOKE OK" if not errors else f"SMOKE FAILED ({len(errors)} problems)")
+    return 0 if not errors else 1
+
+
+if __name__ == "__main__":  # vLLM starts worker processes: keep the work under this guard
+    sys.exit(main())
