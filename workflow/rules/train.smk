@@ -3,7 +3,7 @@ rule sft:
     output: "runs/{model}/{data}/sft/final/DONE.json"
     log: "logs/{model}_{data}_sft.log"
     benchmark: "results/benchmarks/sft_{model}_{data}.tsv"
-    threads: 1
+    threads: 2  # runs alone in the DAG
     shell: ENV + " -m cbpo.train stage=sft model={wildcards.model} data={wildcards.data} preset={PRESET} > {log} 2>&1"
 
 rule rl:
