@@ -59,3 +59,28 @@ class CBPO:
         result = assign_credit(problems, self.cfg)
         self.last_nodes = result.nodes
         return [list(zip(a, m)) for a, m in zip(result.advantages, result.loss_masks)]
+
+    def rollout_info(self, groups: Sequence[Sequence[Trajectory]]) -> list[list[dict]]:
+        """For rollout dumps: each parent's retained candidate windows with P^raw and the
+        boundaries chosen at it; each node's CBV, Z and A^shared on its parent."""
+        info: list[list[dict]] = []
+        nodes = {(n.problem, n.parent, n.at): n for n in getattr(self, "last_nodes", [])}
+        for x, (group, plan) in enumerate(zip(groups, self.last_plans)):
+            rows = []
+            for k, t in enumerate(group):
+                if t.kind != "parent":
+                    rows.append({})
+                    continue
+                cand = plan.candidates[k]
+                chosen = sorted({b for i, b in plan.branches if i == k})
+                rows.append({
+                    "candidates": cand.positions.tolist(),
+                    "priorities": [round(float(p), 6) for p in cand.priority],
+                    "chosen": chosen,
+                    "nodes": [
+                        {"at": b, "cbv": nodes[(x, k, b)].cbv, "z": nodes[(x, k, b)].z, "shared": nodes[(x, k, b)].shared}
+                        for b in chosen if (x, k, b) in nodes
+                    ],
+                })
+            info.append(rows)
+        return info

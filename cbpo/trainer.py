@@ -309,21 +309,27 @@ def rl_train(
         }
         log.log(record)
         if cfg.dump_rollouts:
-            _dump_rollouts(run_dir / "rollouts" / f"step_{step + 1:06d}.jsonl", flat, texts, credits, owner_rows)
+            info = getattr(method, "rollout_info", None)
+            extra = [e for g in info(groups) for e in g] if info else [{}] * len(flat)
+            _dump_rollouts(run_dir / "rollouts" / f"step_{step + 1:06d}.jsonl", flat, texts, credits, owner_rows, extra)
         bar.set_postfix(reward=f"{record['reward']:.3f}", tok_s=f"{record['generated_tokens'] / max(t_roll, 1e-9):.0f}")
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
             _checkpoint(run_dir, step + 1, model, tokenizer, opt, None)
 
 
-def _dump_rollouts(path: Path, trajs, texts, credits, rows) -> None:
+def _dump_rollouts(path: Path, trajs, texts, credits, rows, extra) -> None:
+    """One JSON line per rollout: text and tokens, model/observation mask, per-token entropy,
+    reward, token advantages and loss mask, plus the method's own annotations (CBPO: candidate
+    windows, priorities, chosen nodes and their CBV)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
-        for t, text, (a, m), row in zip(trajs, texts, credits, rows):
+        for t, text, (a, m), row, more in zip(trajs, texts, credits, rows, extra):
             f.write(json.dumps({
                 "problem": row["id"], "kind": t.kind, "parent": t.parent, "at": t.at, "reward": t.reward,
                 "text": text, "response_ids": t.response_ids, "model_mask": [int(x) for x in t.model_mask],
                 "entropy": [round(e, 5) for e in t.entropies], "advantage": np.asarray(a).round(6).tolist(),
                 "loss_mask": np.asarray(m).astype(int).tolist(), "tool_calls": t.tool_calls, "finish": t.finish,
+                **more,
             }) + "\n")
 
 

@@ -1,6 +1,7 @@
 """The real DAG (Snakefile) end to end on the smoke preset, in a temporary folder, plus the
 bad-input contract of the Hydra entry points."""
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -37,6 +38,10 @@ def test_dag_writes_table1_beside_the_paper(dag_dir):
     for r in rows:
         if r["source"] == "reproduced":
             assert 0.0 <= float(r["Arith"]) <= 100.0 and 0.0 <= float(r["TwoHop"]) <= 100.0
+    # The smoke preset dumps CBPO's rollouts with its annotations.
+    dump = [json.loads(line) for line in (dag_dir / "runs" / "tiny" / "mix" / "cbpo" / "rollouts" / "step_000001.jsonl").open()]
+    assert {"text", "model_mask", "entropy", "advantage", "loss_mask", "reward"} <= set(dump[0])
+    assert all("candidates" in r and "chosen" in r for r in dump if r["kind"] == "parent")
     # Every step's wall time is recorded.
     assert len(list((dag_dir / "results" / "benchmarks").glob("*.tsv"))) >= 10
 

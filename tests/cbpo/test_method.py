@@ -74,3 +74,18 @@ def test_grpo_collects_m_fresh_rollouts_and_broadcasts_advantage():
             t.reward = float(r)
     (adv, mask), *_ = grpo.credit(groups)[0]
     assert np.allclose(adv, adv[0]) and adv[0] > 0 and mask.all()
+
+
+def test_cbpo_rollout_info_names_candidates_and_chosen_nodes():
+    cbpo = get_method("cbpo")(vocab_size=100, budget=8, n0=2, w=4, d_min=8)
+    groups = cbpo.collect([[1, 2]], scripted_sampler([]))
+    for t, r in zip(groups[0], [1, 0, 1, 0, 1, 0, 0, 1]):
+        t.reward = float(r)
+    cbpo.credit(groups)
+    info = cbpo.rollout_info(groups)[0]
+    parents = [row for t, row in zip(groups[0], info) if t.kind == "parent"]
+    assert all(row["candidates"] == [8, 16, 24] for row in parents)  # top-3 of 8, 16, 24, 32; ties keep earlier
+    chosen = {(t.parent, t.at) for t in groups[0] if t.kind == "branch"}
+    assert {(i, b) for i, row in enumerate(parents) for b in row["chosen"]} == chosen
+    assert all(len(row["nodes"]) == len(row["chosen"]) for row in parents)
+    assert all(row == {} for t, row in zip(groups[0], info) if t.kind != "parent")
