@@ -195,12 +195,14 @@ def sft(
 
 # ----------------------------------------------------------------------------- RL
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_resp: int) -> torch.Tensor:
-    """log pi(y_t | ...) of the last ``n_resp`` columns (left-padded prompts, right-padded
-    responses), computing logits only where a response token is predicted."""
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_resp: int, temperature: float = 1.0) -> torch.Tensor:
+    """log pi_T(y_t | ...) of the last ``n_resp`` columns (left-padded prompts, right-padded
+    responses), computing logits only where a response token is predicted. ``temperature``
+    scales the logits as the rollouts were sampled, so the objective is on-policy for the
+    sampling distribution (as verl's actor does)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=n_resp + 1)
-    logits = out.logits[:, :-1].float()
+    logits = out.logits[:, :-1].float() / temperature
     return torch.log_softmax(logits, -1).gather(-1, input_ids[:, -n_resp:, None]).squeeze(-1)
 
 
@@ -212,7 +214,6 @@ def rollout_tensors(trajs: Sequence[Trajectory], credits, pad_id: int) -> dict[s
     b = len(trajs)
     ids = torch.full((b, p_max + r_max), pad_id, dtype=torch.long)
     attn = torch.zeros((b, p_max + r_max), dtype=torch.long)
-    old = torch.zeros((b, r_max))
     adv = torch.zeros((b, r_max))
     mask = torch.zeros((b, r_max))
     for i, (t, (a, m)) in enumerate(zip(trajs, credits)):
@@ -220,11 +221,10 @@ def rollout_tensors(trajs: Sequence[Trajectory], credits, pad_id: int) -> dict[s
         ids[i, p_max - p : p_max] = torch.tensor(t.prompt_ids)
         ids[i, p_max : p_max + r] = torch.tensor(t.response_ids, dtype=torch.long)
         attn[i, p_max - p : p_max + r] = 1
-        old[i, :r] = torch.tensor(t.logprobs)
         pos = torch.from_numpy(t.model_positions())
         adv[i, pos] = torch.as_tensor(a, dtype=torch.float32)
         mask[i, pos] = torch.as_tensor(m, dtype=torch.float32)
-    return {"input_ids": ids, "attention_mask": attn, "old_log_prob": old, "advantages": adv, "loss_mask": mask, "n_resp": r_max}
+    return {"input_ids": ids, "attention_mask": attn, "advantages": adv, "loss_mask": mask, "n_resp": r_max}
 
 
 def policy_update(model, ref_model, opt, trajs, credits, cfg: RLConfig, policy_loss: str, pad_id: int) -> dict[str, float]:
@@ -238,13 +238,17 @@ def policy_update(model, ref_model, opt, trajs, credits, cfg: RLConfig, policy_l
     for start in range(0, len(valid), cfg.micro_batch_size):
         idx = valid[start : start + cfg.micro_batch_size]
         batch = rollout_tensors([trajs[i] for i in idx], [credits[i] for i in idx], pad_id)
-        log_prob = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["n_resp"])
+        temp = cfg.temperature if cfg.temperature > 0 else 1.0
+        log_prob = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["n_resp"], temp)
         ref = None
         if ref_model is not None and cfg.beta > 0:
             with torch.no_grad():
-                ref = token_logprobs(ref_model, batch["input_ids"], batch["attention_mask"], batch["n_resp"])
+                ref = token_logprobs(ref_model, batch["input_ids"], batch["attention_mask"], batch["n_resp"], temp)
+        # pi_old is the policy that sampled the batch. One optimiser step per batch, so it is
+        # the current policy before this step: recomputed here (as verl's actor does) rather
+        # than taken from the engine, whose log-probs are the untempered policy's.
         loss, metrics = policy_objective(
-            log_prob, batch["old_log_prob"], batch["advantages"], batch["loss_mask"], ref_log_prob=ref,
+            log_prob, log_prob.detach(), batch["advantages"], batch["loss_mask"], ref_log_prob=ref,
             clip_eps=cfg.clip_eps, beta=cfg.beta, kl_estimator=cfg.kl_estimator, policy_loss=policy_loss,
             clip_low=cfg.clip_low, clip_high=cfg.clip_high,
         )
@@ -255,6 +259,21 @@ def policy_update(model, ref_model, opt, trajs, credits, cfg: RLConfig, policy_l
     totals["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
     opt.step()
     return totals
+
+
+def stratified_pick(domains: Sequence[str], n: int, rng: np.random.Generator) -> list[int]:
+    """``n`` distinct row indices, split as evenly as possible across domains (math/search),
+    so one step's reward does not swing with its domain mix. Depends only on the rng."""
+    by_domain: dict[str, list[int]] = {}
+    for i, d in enumerate(domains):
+        by_domain.setdefault(d, []).append(i)
+    pools = [list(rng.permutation(idx)) for _, idx in sorted(by_domain.items())]
+    pick: list[int] = []
+    while len(pick) < n and any(pools):
+        for pool in pools:
+            if pool and len(pick) < n:
+                pick.append(int(pool.pop()))
+    return pick
 
 
 def rl_train(
@@ -277,11 +296,11 @@ def rl_train(
     agent_cfg = AgentConfig(**cfg.agent)
     engine = HFEngine(model, tokenizer, top_k_entropy=cfg.top_k_entropy, temperature=cfg.temperature, generator=cfg.seed + start)
     prompts = [build_prompt(tokenizer, r["question"], system_prompt) for r in rows]
+    domains = [r.get("domain", "") for r in rows]
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"rl[{method.name}]", dynamic_ncols=True)
     for step in bar:
         t0 = time.perf_counter()
-        rng = np.random.default_rng([cfg.seed, step])
-        pick = rng.choice(len(rows), size=min(cfg.problems_per_step, len(rows)), replace=False)
+        pick = stratified_pick(domains, cfg.problems_per_step, np.random.default_rng([cfg.seed, step]))
         model.eval()
         with torch.no_grad():
             groups = method.collect([prompts[i] for i in pick], lambda trajs: run_agent(engine, tokenizer, trajs, tools, agent_cfg))

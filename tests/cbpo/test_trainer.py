@@ -67,7 +67,6 @@ def test_policy_update_moves_probability_toward_positive_advantage(model, tokeni
     with torch.no_grad():
         batch = rollout_tensors([t], [(np.zeros(3), np.ones(3))], 0)
         before = token_logprobs(model, batch["input_ids"], batch["attention_mask"], 3)
-    t.logprobs = before[0].tolist()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     cfg = RLConfig(beta=0.0, micro_batch_size=1)
     stats = policy_update(model, None, opt, [t], [(np.ones(3), np.ones(3))], cfg, "vanilla", 0)
@@ -85,3 +84,14 @@ def test_checkpoints_are_atomic_and_latest_wins(tmp_path, model, tokenizer):
     latest = latest_checkpoint(tmp_path)
     assert latest.name == "step_000010" and (latest / DONE).is_file()
     assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_stratified_pick_balances_domains_and_is_deterministic():
+    from cbpo.trainer import stratified_pick
+
+    domains = ["math"] * 90 + ["search"] * 10
+    pick = stratified_pick(domains, 8, np.random.default_rng(3))
+    assert len(set(pick)) == 8
+    assert sum(domains[i] == "search" for i in pick) == 4
+    assert pick == stratified_pick(domains, 8, np.random.default_rng(3))
+    assert len(stratified_pick(["a"] * 3, 8, np.random.default_rng(0))) == 3
