@@ -26,7 +26,7 @@ Linux 6.18, util-linux 2.38): new mount, network and PID namespaces. The network
 downed loopback, so every connection fails (even to 127.0.0.1 on the host). In the mount
 namespace the whole host tree is remounted read-only and nosuid (mount_setattr, Linux >=
 5.12; older kernels skip this step), /tmp and /dev/shm are fresh tmpfs capped at
-``disk_bytes`` each (/tmp is the work dir, HOME and TMPDIR; both vanish with the namespace),
+``disk_bytes`` each (the work dir, HOME and TMPDIR is /tmp/work; both vanish with the namespace),
 the caller's HOME is covered by an empty tmpfs (interpreter directories inside it are bound
 back, read-only), and /proc shows only the sandbox's processes. The code runs under a uid of
 its own (unique per call, no passwd entry), so RLIMIT_NPROC really caps its processes
@@ -205,9 +205,12 @@ def _encode(code: str) -> bytes:
         return code.encode("utf-8", "surrogatepass")
 
 
+NAMESPACE_WORKDIR = "/tmp/work"  # on the call's private tmpfs /tmp
+
+
 def _run(code: bytes, limits: SandboxLimits, mode: str) -> tuple[str, str]:
     uid = _sandbox_uid(mode)
-    workdir = "/tmp" if mode == "namespaces" else tempfile.mkdtemp(prefix="cbpo-sandbox-")
+    workdir = NAMESPACE_WORKDIR if mode == "namespaces" else tempfile.mkdtemp(prefix="cbpo-sandbox-")
     try:
         if uid is not None and mode == "plain":
             os.chown(workdir, uid, uid)

@@ -43,6 +43,11 @@ def main(argv: list[str]) -> None:
     namespaces = cfg["mode"] == "namespaces"
     if namespaces:
         _isolate_filesystem(libc, ctypes, cfg)
+        # The work dir is a folder of its own on the fresh /tmp: interpreter directories that
+        # live under /tmp (a checkout there) are bound back beside it, not inside it.
+        os.makedirs(cfg["workdir"], mode=0o700, exist_ok=True)
+        if cfg["uid"]:
+            os.chown(cfg["workdir"], int(cfg["uid"]), int(cfg["uid"]))
     else:
         # Orphaned grandchildren (daemons) get re-parented to us, so we can kill them at the end.
         _check(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), ctypes, "prctl(CHILD_SUBREAPER)")
