@@ -43,6 +43,16 @@ class Sample:
     stop_match: int | str | None = None
 
 
+def check_sampling_settings(top_k_entropy: int, temperature: float, top_p: float) -> None:
+    """Engine settings every engine validates the same way."""
+    if top_k_entropy < 1:
+        raise ValueError(f"top_k_entropy must be >= 1, got {top_k_entropy}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
 def check_sample_args(contexts, max_new_tokens, stop_strings) -> tuple[list[int], tuple[str, ...]]:
     """The ``sample`` contract's argument checks, shared by every engine: per-row token caps
     and the stop strings as a tuple."""
@@ -88,12 +98,7 @@ class HFEngine:
         generator: torch.Generator | int | None = None,
         compact_fraction: float = 0.25,
     ) -> None:
-        if top_k_entropy < 1:
-            raise ValueError(f"top_k_entropy must be >= 1, got {top_k_entropy}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        check_sampling_settings(top_k_entropy, temperature, top_p)
         if compact_fraction <= 0:
             raise ValueError(f"compact_fraction must be > 0, got {compact_fraction}")
         self.model = model

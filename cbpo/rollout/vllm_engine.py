@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
-from cbpo.rollout.engine import Sample, check_sample_args
+from cbpo.rollout.engine import Sample, check_sample_args, check_sampling_settings
 
 _VLLM_DEFAULT_MAX_LOGPROBS = 20
 
@@ -68,12 +68,7 @@ class VLLMEngine:
         llm=None,
         llm_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        if top_k_entropy < 1:
-            raise ValueError(f"top_k_entropy must be >= 1, got {top_k_entropy}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        check_sampling_settings(top_k_entropy, temperature, top_p)
         try:
             import vllm
         except ImportError as exc:
