@@ -8,9 +8,11 @@ Writes ``<out>/final`` (model + tokenizer + DONE.json, the last file written), m
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -44,6 +46,27 @@ def _threads() -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
 
+def _forget_stale_run(out: Path, cfg: DictConfig) -> None:
+    """Resume only a run of the same configuration (and, for RL, the same starting
+    checkpoint): a step rerun because its inputs changed starts from scratch instead of
+    picking up checkpoints of the old configuration."""
+    key = {"config": OmegaConf.to_container(cfg, resolve=True)}
+    init_done = Path(cfg.init) / DONE
+    if cfg.stage == "rl" and init_done.is_file():
+        key["init"] = init_done.stat().st_mtime_ns
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+    key_file = out / "run_key.txt"
+    if key_file.is_file() and key_file.read_text().strip() != digest:
+        print(f"{out}: configuration changed since the last run; starting afresh")
+        for stale in [*out.glob("step_*"), out / "metrics.jsonl", out / "rollouts", out / "wandb"]:
+            if stale.is_dir():
+                shutil.rmtree(stale)
+            else:
+                stale.unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    key_file.write_text(digest + "\n")
+
+
 @hydra.main(config_path="../configs", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> None:
     from cbpo.models import load_model, resolve_model
@@ -57,6 +80,7 @@ def main(cfg: DictConfig) -> None:
         print(f"already finished: {final}")
         return
     rows = load_split(cfg.data, cfg.paths.data_dir, "train")
+    _forget_stale_run(out, cfg)
     log = MetricsLog(out / "metrics.jsonl", cfg.wandb, OmegaConf.to_container(cfg, resolve=True))
     t0 = time.perf_counter()
     try:
