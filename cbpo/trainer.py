@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -167,7 +166,6 @@ def sft(
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg.warmup_steps))
     start = _resume(run_dir, model, opt, sched, log)
-    rng = np.random.default_rng(cfg.seed)
     pad = tokenizer.pad_token_id
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="sft", dynamic_ncols=True)
     model.train()
