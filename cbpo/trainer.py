@@ -36,6 +36,9 @@ class SFTConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     warmup_steps: int = 10
+    decay: str = "constant"  # after warm-up: "constant" or "cosine" (to min_lr_ratio * lr)
+    min_lr_ratio: float = 0.0
+    micro_batches: int = 1  # the batch, sorted by length, in this many chunks: less padding, same loss
     max_len: int = 512
     seed: int = 0
     log_every: int = 10
@@ -148,8 +151,26 @@ def encode_trace(tokenizer, question: str, trace: str, system_prompt: str | None
     return ids, mask
 
 
-def _lr_lambda(warmup: int) -> Callable[[int], float]:
-    return lambda step: min(1.0, (step + 1) / max(1, warmup))
+def _lr_lambda(cfg: SFTConfig) -> Callable[[int], float]:
+    """Linear warm-up, then constant or cosine decay to ``min_lr_ratio``."""
+    if cfg.decay not in ("constant", "cosine"):
+        raise ValueError(f"sft.decay must be 'constant' or 'cosine', got {cfg.decay!r}")
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.decay == "constant":
+            return 1.0
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + np.cos(np.pi * progress))
+
+    return factor
+
+
+def _padded(seqs: Sequence[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(x) for x in seqs)
+    return (torch.tensor([x + [pad] * (width - len(x)) for x in seqs]),
+            torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in seqs]))
 
 
 def sft(
@@ -164,29 +185,30 @@ def sft(
     if too_long:
         raise ValueError(f"{too_long} SFT examples exceed max_len={cfg.max_len} tokens")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg.warmup_steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
     start = _resume(run_dir, model, opt, sched, log)
     pad = tokenizer.pad_token_id
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="sft", dynamic_ncols=True)
     model.train()
     for step in bar:
         rng = np.random.default_rng([cfg.seed, step])  # batch depends only on (seed, step): resumable
-        batch = [examples[i] for i in rng.integers(0, len(examples), cfg.batch_size)]
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.tensor([x + [pad] * (width - len(x)) for x, _ in batch])
-        attn = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x, _ in batch])
-        labels_mask = torch.tensor([m + [0] * (width - len(m)) for _, m in batch])
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        tgt, m = ids[:, 1:], labels_mask[:, 1:].float()
-        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none")
-        loss = (nll.view_as(m) * m).sum() / m.sum()
+        batch = sorted((examples[i] for i in rng.integers(0, len(examples), cfg.batch_size)), key=lambda e: len(e[0]))
+        n_target = sum(sum(m[1:]) for _, m in batch)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = 0.0
+        for chunk in np.array_split(np.arange(len(batch)), max(1, min(cfg.micro_batches, len(batch)))):
+            ids, attn = _padded([batch[i][0] for i in chunk], pad)
+            m = _padded([batch[i][1] for i in chunk], 0)[0][:, 1:].float()
+            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+            nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none")
+            part = (nll.view_as(m) * m).sum() / n_target  # token mean over the whole batch
+            part.backward()
+            loss += part.item()
         opt.step()
         sched.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}")
+        bar.set_postfix(loss=f"{loss:.3f}")
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-            log.log({"step": step + 1, "sft_loss": loss.item(), "lr": sched.get_last_lr()[0]})
+            log.log({"step": step + 1, "sft_loss": loss, "lr": sched.get_last_lr()[0]})
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
             _checkpoint(run_dir, step + 1, model, tokenizer, opt, sched)
 
@@ -229,6 +251,8 @@ def policy_update(model, ref_model, opt, trajs, credits, cfg: RLConfig, policy_l
     """One optimiser step on Eq. 23 over all rollouts of the step, in micro-batches whose
     losses are weighted so the sum equals the batch's sequence mean."""
     valid = [i for i, (_, m) in enumerate(credits) if np.any(m)]
+    # similar lengths share a micro-batch (less padding); the weighted sum is order-free
+    valid.sort(key=lambda i: (len(trajs[i].prompt_ids), len(trajs[i].response_ids)))
     if not valid:
         return {"loss": 0.0, "skipped": 1.0}
     opt.zero_grad(set_to_none=True)
@@ -315,6 +339,8 @@ def rl_train(
         record = {
             "step": step + 1,
             "reward": float(np.mean([t.reward for t in flat])),
+            **{f"reward/{d or 'none'}": float(np.mean([t.reward for t, r in zip(flat, owner_rows) if r.get("domain", "") == d]))
+               for d in sorted({r.get("domain", "") for r in owner_rows})},
             "rollouts": len(flat),
             "generated_tokens": sum(t.generated_tokens for t in flat),
             "tool_calls": sum(t.tool_calls - t.copied_tool_calls for t in flat),

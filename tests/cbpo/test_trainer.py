@@ -1,4 +1,6 @@
 """The local trainer's pieces: SFT masks, tensor alignment, one policy update, checkpoints."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -95,3 +97,40 @@ def test_stratified_pick_balances_domains_and_is_deterministic():
     assert sum(domains[i] == "search" for i in pick) == 4
     assert pick == stratified_pick(domains, 8, np.random.default_rng(3))
     assert len(stratified_pick(["a"] * 3, 8, np.random.default_rng(0))) == 3
+
+
+def _sft_params(tokenizer, tmp_path, micro_batches):
+    from cbpo.trainer import MetricsLog, SFTConfig, sft
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True,
+                      pad_token_id=tokenizer.pad_token_id)
+    net = Qwen3ForCausalLM(cfg)
+    rows = [{"question": f"What is {a} plus {b}?" + " Think." * (a % 4),
+             "trace": f"<python>print({a} + {b})</python><result>\n{a + b}\n</result><answer>\\boxed{{{a + b}}}</answer>"}
+            for a in range(1, 9) for b in range(1, 3)]
+    run = tmp_path / f"mb{micro_batches}"
+    sft(net, tokenizer, rows, SFTConfig(steps=2, batch_size=8, lr=1e-2, warmup_steps=1, micro_batches=micro_batches),
+        run, MetricsLog(run / "m.jsonl"), None)
+    loss = [json.loads(line)["sft_loss"] for line in (run / "m.jsonl").read_text().splitlines()]
+    return torch.cat([p.detach().flatten() for p in net.parameters()]), loss
+
+
+def test_sft_micro_batches_give_the_same_update(tokenizer, tmp_path):
+    # Splitting the length-sorted batch only removes padding: the token-mean loss and the
+    # step are those of the whole batch.
+    (one, loss_one), (three, loss_three) = _sft_params(tokenizer, tmp_path, 1), _sft_params(tokenizer, tmp_path, 3)
+    assert torch.allclose(one, three, atol=1e-5)
+    assert loss_one == pytest.approx(loss_three, rel=1e-5) and loss_one[0] > 1.0
+
+
+def test_sft_schedule_warms_up_then_decays():
+    from cbpo.trainer import SFTConfig, _lr_lambda
+
+    f = _lr_lambda(SFTConfig(steps=110, warmup_steps=10, decay="cosine", min_lr_ratio=0.1))
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0) and f(10) == pytest.approx(1.0)
+    assert f(60) == pytest.approx(0.55) and f(110) == pytest.approx(0.1)
+    assert _lr_lambda(SFTConfig(steps=110, warmup_steps=10))(100) == 1.0
+    with pytest.raises(ValueError, match="decay"):
+        _lr_lambda(SFTConfig(decay="linear"))
