@@ -99,14 +99,22 @@ _PROMPT_FRAME = chatml(messages(""))
 _FRAME_EVERY = 16
 
 
+# Every 1-3 digit string, matched leftmost-longest ("63417" -> "634", "17"). With one token per
+# digit the 1.1M model could not learn to copy numbers (teacher-forced accuracy on a number's
+# second and later digits was 0.29 even when copying the <result> into the answer): ten digit
+# tokens repeat all over the context, so an induction head cannot tell which "6" it continues.
+NUMBER_CHUNKS = tuple(f"{n:0{width}d}" for width in (1, 2, 3) for n in range(10**width))
+
+
 def train_tokenizer(texts: Iterable[str], bpe_vocab: int = 1024) -> PreTrainedTokenizerFast:
-    """Byte-level BPE over ``texts`` with one token per digit and atomic ChatML/tool tags.
+    """Byte-level BPE over ``texts`` with atomic ChatML/tool tags and numbers in chunks of up
+    to three digits, split left to right (as the cl100k and Llama 3 tokenizers do).
 
     Byte level covers every input, so unseen characters still encode (as bytes)."""
     if isinstance(texts, str):
         raise TypeError("train_tokenizer needs an iterable of texts, not a single string")
     tok = Tokenizer(models.BPE())
-    # Single digits keep numbers compositional: the model copies operands digit by digit.
+    # Digits never take part in merges: every number is matched as NUMBER_CHUNKS below.
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Digits(individual_digits=True),
@@ -130,7 +138,7 @@ def train_tokenizer(texts: Iterable[str], bpe_vocab: int = 1024) -> PreTrainedTo
     if tok.get_vocab_size() <= len(CONTROL_TOKENS) + 256:
         raise ValueError("tokenizer corpus is empty: pass the tasks' questions and SFT traces")
     # Not "special": decode(skip_special_tokens=True) must keep the tags in the text.
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in tag_tokens()])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in (*tag_tokens(), *NUMBER_CHUNKS)])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS_TOKEN,

@@ -51,11 +51,12 @@ def test_unknown_characters_encode_as_bytes(tokenizer):
     assert tokenizer.decode(encode(tokenizer, text)) == text
 
 
-def test_digits_are_single_tokens(tokenizer):
-    for digit in "0123456789":
-        assert len(encode(tokenizer, digit)) == 1
-    ids = encode(tokenizer, "print(90817)")
-    assert tokenizer.convert_ids_to_tokens(ids)[-6:] == ["9", "0", "8", "1", "7", ")"]
+def test_numbers_are_chunks_of_up_to_three_digits(tokenizer):
+    for number in ("0", "7", "42", "007", "999"):
+        assert len(encode(tokenizer, number)) == 1
+    ids = encode(tokenizer, "print(90817 - 1234567)")
+    assert tokenizer.convert_ids_to_tokens(ids)[-8:] == ["908", "17", "Ġ-", "Ġ", "123", "456", "7", ")"]
+    assert tokenizer.decode(encode(tokenizer, "x=0042, y=5\n")) == "x=0042, y=5\n"
 
 
 def test_tags_are_single_tokens_in_context(tokenizer):
