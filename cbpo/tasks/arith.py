@@ -1,6 +1,6 @@
 """Built-in math task: seeded multi-step arithmetic word problems that the Python tool solves.
 
-Each problem takes 2–3 integer operations on 2–4-digit operands (exact ``//`` division only),
+Each problem takes 2–3 integer operations on 2–3-digit operands (exact ``//`` division only),
 phrased from a few sentence templates. The SFT trace is the Tool-Star/ARPO tool format::
 
     <think>plan</think><python>print(a + b * c - d)</python><result>\\nV\\n</result>
@@ -27,7 +27,8 @@ class Problem(NamedTuple):
     plan: str
 
 
-def _operand(rng: random.Random, min_digits: int = 2, max_digits: int = 4) -> int:
+def _operand(rng: random.Random, min_digits: int = 2, max_digits: int = 3) -> int:
+    # At most three digits: one token each for the tiny model's tokenizer (cbpo.models).
     digits = rng.randint(min_digits, max_digits)
     return rng.randint(10 ** (digits - 1), 10**digits - 1)
 
@@ -75,6 +76,8 @@ def _share(rng: random.Random) -> Problem | None:
     name, thing = rng.choice(NAMES), rng.choice(THINGS)
     a, b, c, d = _operand(rng), _operand(rng), _operand(rng, 2, 3), _operand(rng, 2, 2)
     c += -(a + b + c) % d  # make the total divisible so the share is exact
+    if c > 999:
+        return None
     question = (
         f"{name} collects {a}, {b} and {c} {thing} on three days and shares them equally "
         f"among {d} friends. How many {thing} does each friend get?"
@@ -92,10 +95,11 @@ def _order(rng: random.Random) -> Problem | None:
 
 
 def _tank(rng: random.Random) -> Problem | None:
-    a, b, c = _operand(rng, 3, 4), _operand(rng, 2, 2), _operand(rng, 2, 2)
-    value = a - b * c
-    if value < 0:
+    a, b = _operand(rng, 3, 3), _operand(rng, 2, 2)
+    if a // b < 10:  # no two-digit hour count keeps the tank non-negative
         return None
+    c = rng.randint(10, a // b)
+    value = a - b * c
     question = (
         f"A tank holds {a} liters of water. {b} liters leak out every hour for {c} hours. "
         f"How many liters remain?"
