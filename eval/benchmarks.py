@@ -4,7 +4,7 @@ one loader (paper Sec. 5.1: five math and five search benchmarks, plus the built
 A config names the benchmark, its Table 1 column (``display_name``), its ``domain`` (math |
 search), its ``metric`` (math | f1 | em | judge) and an ordered list of ``sources``; the first
 usable source is read. A source is a local JSONL file (``path``, relative to the shared data dir
-or, with ``relative_to: cwd``, to the working directory) or a dataset-hub id (``hub`` with
+or, with ``relative_to: tasks``, to the suite's generated task data, ``paths.data_dir``) or a dataset-hub id (``hub`` with
 optional ``config``/``split``, read with ``datasets`` for machines with a network), each with
 its own field mapping:
 
@@ -73,10 +73,12 @@ def load_benchmark(
     data_dir: str | Path | None = None,
     limit: int | None = None,
     path: str | Path | None = None,
+    tasks_dir: str | Path = "data",
 ) -> list[dict[str, Any]]:
     """The rows of benchmark ``name`` from its first usable source.
 
-    ``data_dir`` replaces the shared data dir; ``path`` replaces the source file altogether
+    ``data_dir`` replaces the shared data dir, ``tasks_dir`` is where the data step wrote the
+    built-in tasks (``paths.data_dir``); ``path`` replaces the source file altogether
     (same field mapping as the config's first local source). A malformed row raises
     ValueError naming the file and line."""
     config = benchmark_config(name)
@@ -88,7 +90,7 @@ def load_benchmark(
     failures = []
     for source in config["sources"]:
         if "path" in source:
-            base = Path.cwd() if source.get("relative_to") == "cwd" else Path(data_dir or shared_data_dir())
+            base = Path(tasks_dir) if source.get("relative_to") == "tasks" else Path(data_dir or shared_data_dir())
             file = base / source["path"]
             if file.is_file():
                 return _normalise(_read_jsonl(file), source["fields"], config, limit)
@@ -228,8 +230,8 @@ def _validate(config: Any, path: Path) -> None:
             raise bad(f"source {i} needs exactly one of `path` or `hub`")
         if set(source) - _SOURCE_KEYS:
             raise bad(f"source {i} has unknown keys {sorted(set(source) - _SOURCE_KEYS)}")
-        if source.get("relative_to", "shared") not in ("shared", "cwd"):
-            raise bad(f"source {i}: relative_to must be 'shared' or 'cwd'")
+        if source.get("relative_to", "shared") not in ("shared", "tasks"):
+            raise bad(f"source {i}: relative_to must be 'shared' or 'tasks'")
         fields = source.get("fields")
         if not isinstance(fields, dict) or not {"question", "answer"} <= set(fields):
             raise bad(f"source {i} needs `fields` with at least `question` and `answer`")

@@ -52,7 +52,7 @@ def main(cfg: DictConfig) -> None:
     if not (ckpt / DONE).is_file():
         raise FileNotFoundError(f"checkpoint {ckpt} is not finished (no {DONE})")
     bench = cfg.benchmark
-    rows = load_benchmark(bench, limit=cfg.evaluation.limit)
+    rows = load_benchmark(bench, limit=cfg.evaluation.limit, tasks_dir=cfg.paths.data_dir)
     model, tokenizer = load_model(ckpt)
     # Every task offers both tools (Sec. 5.1); the built-in corpus serves search offline.
     tools = build_tools(["python", "search"], cfg.tools_cfg, search_seed=cfg.data.seed)

@@ -86,16 +86,17 @@ def test_gsm8k_row_without_marker_is_malformed(tmp_path):
         load_benchmark("gsm8k", path=file)
 
 
-def test_builtin_task_file_is_read_from_the_working_directory(tmp_path, monkeypatch):
+def test_builtin_task_file_is_read_from_the_tasks_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match="data/tasks/arith/test.jsonl"):
-        load_benchmark("arith")
-    (tmp_path / "data" / "tasks" / "arith").mkdir(parents=True)
-    _write(tmp_path / "data" / "tasks" / "arith" / "test.jsonl",
-           [{"id": "arith-0", "question": "2+3?", "answer": "5", "domain": "math", "trace": "..."}])
-    assert load_benchmark("arith") == [
-        {"id": "arith-0", "question": "2+3?", "answer": "5", "domain": "math", "metric": "math"}
-    ]
+        load_benchmark("arith")  # default: ./data, as paths.data_dir
+    row = {"id": "arith-0", "question": "2+3?", "answer": "5", "domain": "math", "trace": "..."}
+    for where in (tmp_path / "data", tmp_path / "elsewhere"):
+        (where / "tasks" / "arith").mkdir(parents=True)
+        _write(where / "tasks" / "arith" / "test.jsonl", [{**row, "id": where.name}])
+    expected = {"question": "2+3?", "answer": "5", "domain": "math", "metric": "math"}
+    assert load_benchmark("arith") == [{"id": "data", **expected}]
+    assert load_benchmark("arith", tasks_dir=tmp_path / "elsewhere") == [{"id": "elsewhere", **expected}]
 
 
 def test_hub_source_mapping_takes_the_boxed_answer(monkeypatch):
