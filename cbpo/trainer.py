@@ -49,6 +49,7 @@ class SFTConfig:
 class RLConfig:
     steps: int = 50
     problems_per_step: int = 8  # prompts per step; each gets the method's M rollout slots
+    pool_size: int | None = None  # RL problems: every training row, or a domain-balanced subset this big
     lr: float = 1e-4
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -312,6 +313,9 @@ def rl_train(
 ) -> None:
     if not rows:
         raise ValueError("RL needs at least one training row")
+    if cfg.pool_size is not None and not cfg.problems_per_step <= cfg.pool_size <= len(rows):
+        raise ValueError(f"rl.pool_size={cfg.pool_size} must lie between problems_per_step={cfg.problems_per_step} "
+                         f"and the {len(rows)} training rows")
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.beta > 0 else None
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     start = _resume(run_dir, model, opt, None, log)
@@ -322,7 +326,7 @@ def rl_train(
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"rl[{method.name}]", dynamic_ncols=True)
     for step in bar:
         t0 = time.perf_counter()
-        pick = stratified_pick(domains, cfg.problems_per_step, np.random.default_rng([cfg.seed, step]))
+        pick = step_problems(domains, step, cfg.problems_per_step, cfg.pool_size, cfg.seed)
         model.eval()
         with torch.no_grad():
             groups = method.collect([prompts[i] for i in pick], lambda trajs: run_agent(engine, tokenizer, trajs, tools, agent_cfg))
@@ -403,3 +407,20 @@ def _resume(run_dir: Path, model, opt, sched, log: MetricsLog) -> int:
     log.truncate_after(state["step"])
     tqdm.write(f"resuming from {ckpt} (step {state['step']})")
     return int(state["step"])
+
+
+def step_problems(domains: Sequence[str], step: int, per_step: int, pool_size: int | None, seed: int) -> list[int]:
+    """Row indices of RL step ``step`` (0-based): epochs over the problem pool (every row, or a
+    domain-balanced subset of ``pool_size``), each epoch in a fresh domain-balanced order, as a
+    shuffling data loader would. Deterministic in (seed, step), so a resumed run continues the
+    same stream."""
+    pool = list(range(len(domains)))
+    if pool_size is not None:
+        pool = stratified_pick(domains, pool_size, np.random.default_rng([seed, 0]))
+    pool_domains = [domains[i] for i in pool]
+    picks: list[int] = []
+    while len(picks) < per_step:
+        epoch, offset = divmod(step * per_step + len(picks), len(pool))
+        order = stratified_pick(pool_domains, len(pool), np.random.default_rng([seed, 1, epoch]))
+        picks += [pool[i] for i in order[offset : offset + per_step - len(picks)]]
+    return picks

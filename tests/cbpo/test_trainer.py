@@ -88,6 +88,22 @@ def test_checkpoints_are_atomic_and_latest_wins(tmp_path, model, tokenizer):
     assert not list(tmp_path.glob(".*tmp"))
 
 
+def test_step_problems_walk_epochs_over_the_pool():
+    from cbpo.trainer import step_problems
+
+    domains = ["math"] * 40 + ["search"] * 60
+    steps = [step_problems(domains, s, 8, 24, seed=1) for s in range(9)]  # 3 steps per epoch
+    epochs = [sorted(sum(steps[e * 3 : e * 3 + 3], [])) for e in range(3)]
+    assert epochs[0] == epochs[1] == epochs[2] and len(set(epochs[0])) == 24  # the same 24 problems
+    assert sum(domains[i] == "math" for i in epochs[0]) == 12
+    assert all(sum(domains[i] == "math" for i in s) == 4 for s in steps)  # balanced steps
+    assert steps[:3] != steps[3:6]  # reshuffled each epoch
+    assert step_problems(domains, 7, 8, 24, seed=1) == steps[7]  # resumable: a function of the step
+    whole = [i for s in range(25) for i in step_problems(domains, s, 4, None, seed=0)]
+    assert sorted(whole) == list(range(100))  # no pool: one epoch visits every row once
+    assert len(step_problems(domains, 2, 8, 20, seed=0)) == 8  # a step may straddle two epochs
+
+
 def test_stratified_pick_balances_domains_and_is_deterministic():
     from cbpo.trainer import stratified_pick
 
