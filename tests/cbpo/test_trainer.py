@@ -150,3 +150,12 @@ def test_sft_schedule_warms_up_then_decays():
     assert _lr_lambda(SFTConfig(steps=110, warmup_steps=10))(100) == 1.0
     with pytest.raises(ValueError, match="decay"):
         _lr_lambda(SFTConfig(decay="linear"))
+
+
+def test_rl_rejects_a_pool_smaller_than_a_step(tmp_path):
+    from cbpo.trainer import MetricsLog, rl_train
+
+    rows = [{"question": "q", "domain": "math"}] * 10
+    for pool in (4, 11):
+        with pytest.raises(ValueError, match="pool_size"):
+            rl_train(None, None, None, rows, {}, None, RLConfig(problems_per_step=8, pool_size=pool), tmp_path, MetricsLog(tmp_path / "m.jsonl"))
