@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -82,11 +83,22 @@ class SearchCache:
         except sqlite3.Error as error:
             raise sqlite3.OperationalError(f"cannot open search cache {self.path}: {error}") from None
         conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: no fsync per commit, still atomic
-        if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0].lower() != "wal":
+        # Processes creating the same new file at once: switching it to WAL can report "locked"
+        # without waiting on the busy timeout, so the set-up is retried until that timeout.
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0].lower()
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                break
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) or time.monotonic() > deadline:
+                    raise
+                time.sleep(random.uniform(0.005, 0.05))
+        if mode != "wal":
             raise sqlite3.OperationalError(f"search cache {self.path}: the file system does not "
                                            "support SQLite's WAL mode")
-        for statement in _SCHEMA:
-            conn.execute(statement)
         return conn
 
     def __getstate__(self) -> dict:

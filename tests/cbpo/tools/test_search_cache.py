@@ -76,7 +76,8 @@ def _worker(cache: SearchCache | Path, worker: int, start: multiprocessing.Barri
         cache.flush_stats()
     except Exception as error:  # report, so the parent fails fast instead of waiting
         problems.append(f"worker {worker}: {type(error).__name__}: {error}")
-    out.put((problems, cache.hits, cache.misses))
+    opened = isinstance(cache, SearchCache)  # an error opening it is a problem to report, not a hang
+    out.put((problems, cache.hits if opened else 0, cache.misses if opened else 0))
 
 
 @pytest.mark.parametrize("opened_in", ["parent", "children"])
