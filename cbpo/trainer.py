@@ -168,10 +168,9 @@ def _lr_lambda(cfg: SFTConfig) -> Callable[[int], float]:
     return factor
 
 
-def _padded(seqs: Sequence[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _right_padded(seqs: Sequence[list[int]], value: int) -> torch.Tensor:
     width = max(len(x) for x in seqs)
-    return (torch.tensor([x + [pad] * (width - len(x)) for x in seqs]),
-            torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in seqs]))
+    return torch.tensor([x + [value] * (width - len(x)) for x in seqs])
 
 
 def sft(
@@ -198,8 +197,9 @@ def sft(
         opt.zero_grad(set_to_none=True)
         loss = 0.0
         for chunk in np.array_split(np.arange(len(batch)), max(1, min(cfg.micro_batches, len(batch)))):
-            ids, attn = _padded([batch[i][0] for i in chunk], pad)
-            m = _padded([batch[i][1] for i in chunk], 0)[0][:, 1:].float()
+            ids = _right_padded([batch[i][0] for i in chunk], pad)
+            attn = _right_padded([[1] * len(batch[i][0]) for i in chunk], 0)
+            m = _right_padded([batch[i][1] for i in chunk], 0)[:, 1:].float()
             logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
             nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none")
             part = (nll.view_as(m) * m).sum() / n_target  # token mean over the whole batch
@@ -258,10 +258,10 @@ def policy_update(model, ref_model, opt, trajs, credits, cfg: RLConfig, policy_l
         return {"loss": 0.0, "skipped": 1.0}
     opt.zero_grad(set_to_none=True)
     totals: dict[str, float] = {}
+    temp = cfg.temperature if cfg.temperature > 0 else 1.0  # greedy rollouts: score the plain policy
     for start in range(0, len(valid), cfg.micro_batch_size):
         idx = valid[start : start + cfg.micro_batch_size]
         batch = rollout_tensors([trajs[i] for i in idx], [credits[i] for i in idx], pad_id)
-        temp = cfg.temperature if cfg.temperature > 0 else 1.0
         log_prob = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["n_resp"], temp)
         ref = None
         if ref_model is not None and cfg.beta > 0:
