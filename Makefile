@@ -27,8 +27,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 demo: $(STAMP)
-	$(BIN)/snakemake -c2 table1
-	@echo "Table 1: results/tables/tiny/tiny/mix/seed0/table1.md (also .csv, .tex)"
+	$(BIN)/snakemake -c2 table1 figures --config data=forks
+	@echo "Table 1: results/tables/tiny/tiny/forks/table1.md (also .csv, .tex); figures: results/figures/tiny/tiny/forks/"
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

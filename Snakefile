@@ -8,30 +8,34 @@ configfile: os.path.join(workflow.basedir, "workflow", "config.yaml")
 include: "workflow/rules/common.smk"
 
 # Cheap steps stay on the submitting machine under a cluster profile.
-localrules: all, ablations, data, table1, table2, table3, boundary
+localrules: all, ablations, data, table1, table2, table3, boundary, figures, fig2, fig4, fig5, curves, credit_lab, index
 
 include: "workflow/rules/prepare.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/figures.smk"
 
-# Table 1 of the configured preset, model, data and seed.
+# Table 1 of the configured preset, model, data and seeds.
 rule table1:
-    input: expand(f"{SUMMARIES}/{{run}}/{{benchmark}}/summary.json", run=RUNS, benchmark=BENCHMARKS)
-    output: multiext(TABLE, ".md", ".csv", ".tex")
-    log: f"logs/{PRESET}/{MODEL}/{DATA}/seed{SEED}/table1.log"
+    input: study_summaries(RUNS)
+    output: multiext(f"{TABLES_DIR}/table1", ".md", ".csv", ".tex")
+    log: f"logs/{STUDY}/table1.log"
     params:
         out=lambda w, output: output[0].removesuffix(".md"),
         runs=RUNS,
-        benchmarks=BENCHMARKS,
-        label=LABEL,  # a param, so a new caption rewrites the table
-    shell: "{PYTHON:q} -m eval.report table1 --summaries {SUMMARIES:q} --out {params.out:q} --methods {params.runs:q} --benchmarks {params.benchmarks:q} --label={params.label:q} > {log:q} 2>&1"
+        **REPORT_PARAMS,
+    shell: report_command("table1 --methods {params.runs:q}")
 
-# `ablations`: Tables 2 and 3; `all` (what `snakemake` alone builds): every table. Each variant
-# run is trained once. The default target is set here: an included file's does not survive.
+# `ablations`: Tables 2 and 3; `all` (what `snakemake` alone builds): every table and figure
+# and the index of what made them. Each variant run is trained once. The default target is set
+# here: an included file's does not survive.
+STUDY_OUTPUTS = [*rules.table1.output, *rules.table2.output, *rules.table3.output, *rules.boundary.output, *rules.figures.input]
+include: "workflow/rules/index.smk"
+
 rule all:
     default_target: True
-    input: rules.table1.output, rules.table2.output, rules.table3.output, rules.boundary.output
+    input: rules.index.output
 
 rule ablations:
     input: rules.table2.output, rules.table3.output

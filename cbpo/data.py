@@ -32,8 +32,10 @@ def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
-def generate_task(task: str, data_dir: str | Path, seed: int, n_train: int, n_test: int) -> dict[str, Path]:
-    splits = get_task(task).generate(seed, n_train, n_test)
+def generate_task(task: str, data_dir: str | Path, seed: int, n_train: int, n_test: int,
+                  **options: Any) -> dict[str, Path]:
+    """``options``: the data config's ``task_options``, the task generator's own arguments."""
+    splits = get_task(task).generate(seed, n_train, n_test, **options)
     out = {}
     for split in ("train", "test"):
         out[split] = task_file(data_dir, task, split)

@@ -19,7 +19,8 @@ def main(cfg: DictConfig) -> None:
     data_dir = Path(cfg.paths.data_dir)
     if target == "data":
         for task in cfg.data.tasks:
-            paths = generate_task(task, data_dir, cfg.data.seed, cfg.data.n_train, cfg.data.n_test)
+            paths = generate_task(task, data_dir, cfg.data.seed, cfg.data.n_train, cfg.data.n_test,
+                                  **cfg.data.get("task_options", {}))
             print(f"{task}: {paths['train']} {paths['test']}")
     elif target == "model":
         from cbpo.models import prepare_model

@@ -104,10 +104,15 @@ class PathsConfig:
 
 @dataclass
 class WandbConfig:
+    """What ``cbpo.trainer.open_wandb`` passes to ``wandb.init``."""
+
     enabled: bool
     mode: str
     project: str
-    name: str | None = None
+    name: str | None  # a run: <run_name>-seed<seed>
+    group: str | None  # a study: <preset>/<model>/<data>, the runs one table aggregates
+    job_type: str  # sft | rl (the stage); eval.run logs as eval
+    tags: list[str]
 
     def __post_init__(self) -> None:
         if self.mode not in ("online", "offline", "disabled"):

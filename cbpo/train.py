@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from cbpo.backends.device import resolve_device, resolve_dtype
 from cbpo.chat import resolve_system_prompt
 from cbpo.data import load_split
+from cbpo.provenance import write_provenance
 from cbpo.runs import WriterLock, checkpoint_fingerprint, name_run
 from cbpo.schema import entry_point, settings
 from cbpo.trainer import DONE, MetricsLog, rl_train, save_checkpoint, sft
@@ -48,7 +49,7 @@ _WEIGHT_SETTINGS = {
     "sft": ("model", "data", "sft", "system_prompt", "seed", "backend", "dtype"),
     "rl": ("model", "data", "method", "rollout", "scan", "rl", "tools_cfg", "system_prompt", "seed", "backend", "dtype"),
 }
-_BOOKKEEPING = ("log_every", "checkpoint_every", "dump_rollouts")  # when to record, not what is learnt
+_BOOKKEEPING = ("log_every", "checkpoint_every", "dump_rollouts", "dump_every")  # when to record, not what is learnt
 
 
 def run_identity(cfg: DictConfig, rows, init: str | Path) -> dict:
@@ -103,8 +104,11 @@ def main(cfg: DictConfig) -> None:
         if not get_method(cfg.method.name).trains:
             raise ValueError(f"method {cfg.method.name!r} does not train: evaluate it with "
                              f"`python -m eval.run method={cfg.method.name} benchmark=...`")
-    name_run(cfg, HydraConfig.get().overrides.task)
+    overrides = HydraConfig.get().overrides.task
+    name_run(cfg, overrides)
     out = Path(cfg.out if stage == "rl" else Path(cfg.init).parent)  # the SFT run is the one RL starts from
+    if stage == "sft":  # named by its folder (sft; OPD's teacher), not by a method it does not train
+        cfg.run_name = out.name
     if cfg.backend == "verl":
         from cbpo.backends.verl.launch import run_verl
 
@@ -123,6 +127,7 @@ def main(cfg: DictConfig) -> None:
         return
     writer = WriterLock(out)  # one process writes a run; the kernel frees it when this one ends
     _forget_stale_run(out, identity)
+    write_provenance(out, cfg, overrides)
     log = MetricsLog(out / "metrics.jsonl", cfg.wandb, OmegaConf.to_container(cfg, resolve=True))
     t0 = time.perf_counter()
     try:

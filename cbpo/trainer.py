@@ -81,12 +81,13 @@ class RLConfig:
     seed: int = 0
     checkpoint_every: int = 10
     dump_rollouts: bool = False
+    dump_every: int = 1  # with dump_rollouts: every k-th step's rollouts, and the last step's
     engine: str = "hf"  # rollouts: "hf" (the policy itself, on its device) or "vllm" (weights pushed each step)
     vllm_gpu_memory: float = 0.3  # vLLM's share of the GPU; the policy, its optimiser and the reference use the rest
     agent: AgentConfig = field(default_factory=AgentConfig)
 
     def __post_init__(self) -> None:
-        for name in ("steps", "problems_per_step", "micro_batch_size", "checkpoint_every", "ppo_mini_batches"):
+        for name in ("steps", "problems_per_step", "micro_batch_size", "checkpoint_every", "ppo_mini_batches", "dump_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("lr", "weight_decay", "temperature"):
@@ -133,24 +134,34 @@ def _set_rng_state(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
+def open_wandb(wandb_cfg: Mapping[str, Any] | None, folder: Path, run_config: Mapping[str, Any] | None = None):
+    """A W&B run in ``<folder>/wandb`` named, grouped, typed and tagged as ``wandb.*`` says
+    (``configs/config.yaml``), offline unless WANDB_MODE or ``wandb.mode`` says otherwise;
+    None when ``wandb.enabled`` is off."""
+    if not wandb_cfg or not wandb_cfg.get("enabled", False):
+        return None
+    import wandb
+
+    os.environ.setdefault("WANDB_MODE", wandb_cfg.get("mode", "offline"))
+    return wandb.init(
+        project=wandb_cfg.get("project", "cbpo"),
+        name=wandb_cfg.get("name"),
+        group=wandb_cfg.get("group"),
+        job_type=wandb_cfg.get("job_type"),
+        tags=list(wandb_cfg.get("tags") or []),
+        dir=str(folder),
+        config=dict(run_config or {}),
+        reinit=True,
+    )
+
+
 class MetricsLog:
     """JSONL metrics (append-only, survives crashes) and W&B (offline unless configured)."""
 
     def __init__(self, path: Path, wandb_cfg: Mapping[str, Any] | None = None, run_config: Mapping[str, Any] | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._wandb = None
-        if wandb_cfg and wandb_cfg.get("enabled", False):
-            import wandb
-
-            os.environ.setdefault("WANDB_MODE", wandb_cfg.get("mode", "offline"))
-            self._wandb = wandb.init(
-                project=wandb_cfg.get("project", "cbpo"),
-                name=wandb_cfg.get("name"),
-                dir=str(self.path.parent),
-                config=dict(run_config or {}),
-                reinit=True,
-            )
+        self._wandb = open_wandb(wandb_cfg, self.path.parent, run_config)
 
     def log(self, record: Mapping[str, Any]) -> None:
         with self.path.open("a") as f:
@@ -240,6 +251,7 @@ def sft(
     pad = tokenizer.pad_token_id
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="sft", dynamic_ncols=True)
     model.train()
+    since = time.perf_counter()  # each record carries the seconds since the last: their sum survives resumes
     for step in bar:
         rng = np.random.default_rng([cfg.seed, step])  # batch depends only on (seed, step): resumable
         batch = sorted((examples[i] for i in rng.integers(0, len(examples), cfg.batch_size)), key=lambda e: len(e[0]))
@@ -260,7 +272,9 @@ def sft(
         sched.step()
         bar.set_postfix(loss=f"{loss:.3f}")
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-            log.log({"step": step + 1, "sft_loss": loss, "lr": sched.get_last_lr()[0]})
+            now = time.perf_counter()
+            log.log({"step": step + 1, "sft_loss": loss, "lr": sched.get_last_lr()[0], "wall_seconds": now - since})
+            since = now
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
             _checkpoint(run_dir, step + 1, model, tokenizer, opt, sched)
 
@@ -467,7 +481,7 @@ def rl_train(
             **stats,
         }
         log.log(record)
-        if cfg.dump_rollouts:
+        if cfg.dump_rollouts and ((step + 1) % cfg.dump_every == 0 or step + 1 == cfg.steps):
             info = getattr(method, "rollout_info", None)
             extra = [e for g in info(groups) for e in g] if info else [{}] * len(flat)
             texts = tokenizer.batch_decode([t.response_ids for t in flat], skip_special_tokens=False)

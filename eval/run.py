@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cbpo.backends.device import resolve_device, resolve_dtype
 from cbpo.data import shared_data_dir
+from cbpo.provenance import write_provenance
 from cbpo.runs import checkpoint_fingerprint, name_run
 from cbpo.schema import entry_point, settings
 from eval.benchmarks import benchmark_config, load_benchmark
@@ -89,6 +90,21 @@ def record(summary: dict, out: str | Path, **fields) -> dict:
     return summary
 
 
+def log_to_wandb(cfg: DictConfig, summary: dict) -> None:
+    """The summary's headline numbers as a W&B run of job type ``eval`` in the evaluation
+    folder, grouped with the study's training runs (nothing when ``wandb.enabled`` is off)."""
+    from cbpo.trainer import open_wandb
+
+    wandb_cfg = OmegaConf.to_container(cfg.wandb, resolve=True)
+    wandb_cfg.update(job_type="eval", tags=[*wandb_cfg["tags"], cfg.benchmark])
+    run = open_wandb(wandb_cfg, Path(cfg.eval_out), OmegaConf.to_container(cfg, resolve=True))
+    if run is None:
+        return
+    pass_at_k = {f"pass@{k}": v for k, v in summary["pass@k"].items()}
+    run.log({**pass_at_k, **{k: summary[k] for k in ("pass@1", "mean_tokens", "mean_tool_calls", "problems")}})
+    run.finish()
+
+
 def evaluate_only_row(cfg: DictConfig):
     """The config of a method that does not train (``base``, ``tir``, ``sft``), else None."""
     from cbpo.registry import get_method
@@ -146,6 +162,8 @@ def main(cfg: DictConfig) -> None:
         scorer.close()
         if tools["search"].cache is not None:
             tools["search"].cache.close()  # adds this process's hits and misses to the file's totals
+    write_provenance(cfg.eval_out, cfg, overrides)
+    log_to_wandb(cfg, summary)
     print(f"{benchmark_config(bench)['display_name']}: pass@1 = {summary.get('pass@1')} -> {cfg.eval_out}")
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -137,11 +138,15 @@ def _generate_missing(
             for start in range(0, len(group), batch_size):
                 chunk = group[start:start + batch_size]
                 batch = [dict(row) for row, _ in chunk]
+                t0 = time.perf_counter()
                 outputs = generate(batch, n)
+                seconds = time.perf_counter() - t0
                 if len(outputs) != len(batch) or any(len(o) != n for o in outputs):
                     got = [len(o) for o in outputs]
                     raise ValueError(f"generate returned {got} samples for {len(batch)} rows × {n}")
                 records = _score_batch(chunk, outputs, scorer, scored_by)
+                for record in records:  # each sample's share of its batch: the summary adds them up
+                    record["seconds"] = seconds / len(records)
                 handle.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
                 handle.flush()
                 os.fsync(handle.fileno())
@@ -152,7 +157,7 @@ def _generate_missing(
     bar.close()
 
 
-_RESERVED = {"id", "sample", "question", "gold", "answer", "score", "scored_by"}
+_RESERVED = {"id", "sample", "question", "gold", "answer", "score", "scored_by", "seconds"}
 
 
 def _score_batch(chunk, outputs: list[list[dict]], scorer, scored_by: str) -> list[dict]:
@@ -229,4 +234,6 @@ def _summarise(rows, done, n_samples: int, metric, benchmark, threshold: float, 
         "answered": sum(r["answer"] is not None for r in records) / len(records),
         "mean_tool_calls": sum(r["tool_calls"] for r in records) / len(records),
         "mean_tokens": sum(r["tokens"] for r in records) / len(records),
+        # generation time of these samples, however many runs made them (not loading or scoring)
+        "generation_seconds": sum(r.get("seconds", 0.0) for r in records),
     }

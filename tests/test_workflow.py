@@ -25,25 +25,26 @@ def snakemake(workdir, *args):
 @pytest.fixture(scope="module")
 def dag_dir(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("dag")
-    out = snakemake(workdir, "table1")
+    out = snakemake(workdir, "all")
     assert out.returncode == 0, out.stderr[-4000:]
     return workdir
 
 
-TABLE = Path("results/tables/smoke/tiny/mix/seed0/table1")
+TABLE = Path("results/tables/smoke/tiny/mix/table1")
 
 
 def test_dag_writes_table1_beside_the_paper(dag_dir):
     for suffix in (".md", ".csv", ".tex"):
         assert (dag_dir / TABLE.with_suffix(suffix)).stat().st_size > 0
-    rows = list(csv.DictReader((dag_dir / TABLE.with_suffix(".csv")).open()))
-    ours = {r["Method"] for r in rows if r["source"] == "reproduced"}
-    paper = {(r["backbone"], r["Method"]) for r in rows if r["source"] == "paper"}
-    assert ours == {"SFT", "GRPO", "CBPO"}
-    assert ("Qwen3-1.7B", "CBPO") in paper and ("Qwen3-4B", "GRPO") in paper
-    for r in rows:
-        if r["source"] == "reproduced":
-            assert 0.0 <= float(r["Arith"]) <= 100.0 and 0.0 <= float(r["TwoHop"]) <= 100.0
+    cells = list(csv.DictReader((dag_dir / TABLE.with_suffix(".csv")).open()))
+    assert {c["row"] for c in cells} == {"SFT", "GRPO", "CBPO"}
+    for c in cells:
+        if c["column"] in ("Arith", "TwoHop"):
+            assert 0.0 <= float(c["reproduced"]) <= 100.0 and c["seeds"] == "0" and c["summaries"].endswith("summary.json")
+    # Each domain average sits beside the paper's (Qwen3-1.7B) with the difference.
+    (cbpo_math,) = [c for c in cells if c["row"] == "CBPO" and c["column"] == "Math Avg."]
+    assert float(cbpo_math["paper"]) == 66.0
+    assert float(cbpo_math["difference"]) == pytest.approx(float(cbpo_math["reproduced"]) - 66.0, abs=0.11)
     # The smoke preset dumps CBPO's rollouts with its annotations.
     dump = [json.loads(line) for line in (dag_dir / "runs" / "smoke" / "tiny" / "mix" / "seed0" / "cbpo" / "rollouts" / "step_000001.jsonl").open()]
     assert {"text", "model_mask", "entropy", "advantage", "loss_mask", "reward"} <= set(dump[0])
@@ -57,8 +58,23 @@ def test_dag_writes_table1_beside_the_paper(dag_dir):
     assert "smoke preset, tiny, mix data" in (dag_dir / TABLE.with_suffix(".md")).read_text()
 
 
+def test_all_writes_every_table_figure_and_the_index(dag_dir):
+    tables = dag_dir / "results" / "tables" / "smoke" / "tiny" / "mix"
+    for name in ("table1", "table2", "table3", "boundary"):
+        assert all((tables / f"{name}{suffix}").stat().st_size > 0 for suffix in (".md", ".csv", ".tex"))
+    figures = dag_dir / "results" / "figures" / "smoke" / "tiny" / "mix"
+    for name in ("fig2", "fig4", "fig5", "curves"):
+        assert (figures / f"{name}.png").read_bytes()[:4] == b"\x89PNG" and (figures / f"{name}.pdf").read_bytes()[:4] == b"%PDF"
+    index = json.loads((dag_dir / "results" / "index.json").read_text())
+    assert "w/o CBV" in json.dumps(index) and "cbpo-wo-cbv" in json.dumps(index)
+    # Every training and evaluation folder says what made it.
+    for folder in (dag_dir / "runs" / "smoke" / "tiny" / "mix" / "seed0" / "cbpo", dag_dir / "results" / "raw" / "smoke" / "tiny" / "mix" / "seed0" / "cbpo" / "arith"):
+        provenance = json.loads((folder / "provenance.json").read_text())
+        assert provenance["config"]["preset_name"] == "smoke" and provenance["versions"]["torch"]
+
+
 def test_second_run_does_nothing(dag_dir):
-    out = snakemake(dag_dir, "-n", "table1")
+    out = snakemake(dag_dir, "-n", "all")
     assert out.returncode == 0
     assert "Nothing to be done" in out.stdout + out.stderr
 
@@ -149,7 +165,7 @@ def test_table1_rule_runs_from_a_spaced_venv_with_a_hostile_label(tmp_path):
            "-d", str(dag), "-c1", "--config", f"label={HOSTILE}"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
-    assert f"Pass@1 (%), {HOSTILE}." in (dag / "results" / "tables" / "tiny" / "tiny" / "mix" / "seed0" / "table1.md").read_text()
+    assert f"Pass@1 (%), {HOSTILE}." in (dag / "results" / "tables" / "tiny" / "tiny" / "mix" / "table1.md").read_text()
     assert not list(tmp_path.rglob("PWNED"))
 
 
@@ -218,7 +234,7 @@ def test_paper_study_plans_every_row_on_its_domain(tmp_path, model, data, benchm
         assert f"runs/{key}/{method}/final/DONE.json" in text
     for bench in benchmarks:
         assert f"results/raw/{key}/cbpo/{bench}/summary.json" in text
-    assert f"results/tables/{key}/table1.md" in text
+    assert f"results/tables/paper/{model}/{data}/table1.md" in text  # the study's seeds together
 
 
 def test_paper_study_checks_its_files_while_planning(tmp_path):
@@ -238,7 +254,7 @@ def test_a_missing_data_config_is_named_not_a_cycle(tmp_path):
     assert "configs/data/toolstar.yaml" in text and "Cyclic" not in text
 
 
-@pytest.mark.parametrize("override,needle", [("seed=-1", "seed"), ("backend=gpu", "backend"), ("methods=ppo9", "ppo9")])
+@pytest.mark.parametrize("override,needle", [("seeds=[-1]", "seeds"), ("seeds=[]", "seeds"), ("backend=gpu", "backend"), ("methods=ppo9", "ppo9")])
 def test_bad_dag_config_stops_planning_naming_it(tmp_path, override, needle):
     out = plan(tmp_path, "--config", override)
     assert out.returncode != 0 and needle in out.stdout + out.stderr
@@ -252,8 +268,10 @@ def test_tiny_and_paper_runs_never_share_a_folder(tmp_path):
 
     tiny = outputs("preset=tiny")
     paper = outputs("preset=paper", "data=mix")
-    seed1 = outputs("preset=tiny", "seed=1")
-    shared = {p for p in tiny & paper | tiny & seed1 if p.startswith(("runs/", "results/"))}
+    seed1 = outputs("preset=tiny", "seeds=[1]")
+    # A study's tables aggregate its configured seeds (one folder per study); runs and their
+    # evaluations are the seed's own.
+    shared = {p for p in tiny & paper | tiny & seed1 if p.startswith(("runs/", "results/raw/"))}
     assert not shared
     assert any(p.startswith("runs/tiny/tiny/mix/seed0/") for p in tiny)
     assert any(p.startswith("runs/tiny/tiny/mix/seed1/") for p in seed1)
@@ -299,8 +317,10 @@ TABLE2 = {"cbpo", "cbpo-wo-path", "cbpo-wo-node", "cbpo-wo-decay", "cbpo-wo-cbv"
 # At 16 slots and N_0 = 6 (the tiny and paper presets) the (16, 6, 10) row is the CBPO run itself.
 TABLE3 = {"cbpo", "cbpo-m4-n1", "cbpo-m4-n2", "cbpo-m8-n2", "cbpo-m8-n4", "cbpo-m16-n4", "cbpo-m16-n8", "cbpo-m16-n12"}
 BOUNDARY = {"cbpo", "cbpo-boundary"}
-TARGETS = {"table2": TABLE2, "table3": TABLE3, "boundary": BOUNDARY, "ablations": TABLE2 | TABLE3,
-           "all": TABLE2 | TABLE3 | BOUNDARY | {"grpo"}}
+FIGURES = {"gigpo", "arpo", "cbpo", "grpo"}  # Fig. 5's methods and Table 1's reward curves
+TARGETS = {"table1": {"grpo", "cbpo"}, "table2": TABLE2, "table3": TABLE3, "boundary": BOUNDARY,
+           "ablations": TABLE2 | TABLE3, "figures": FIGURES, "all": TABLE2 | TABLE3 | BOUNDARY | FIGURES,
+           "index": TABLE2 | TABLE3 | BOUNDARY | FIGURES}
 
 
 def planned_runs(output: str, key: str) -> list[str]:
@@ -323,8 +343,12 @@ def test_ablation_targets_train_each_variant_once(tmp_path, target, profile):
     runs = planned_runs(out.stdout, "tiny/tiny/mix/seed0")
     assert sorted(runs) == sorted(TARGETS[target])  # each once; CBPO's run shared, never a copy
     counts = job_counts(out.stdout + out.stderr)
-    evaluated = len(TARGETS[target]) + (target == "all")  # Table 1's SFT row evaluates without training
-    assert counts["rl"] == len(TARGETS[target]) and counts["evaluate"] == 2 * evaluated
+    # Table 1's SFT row evaluates without training; GiGPO and ARPO serve figures only, ARPO and
+    # CBPO with Fig. 4's five-sample evaluations on the math benchmark
+    with_table1 = target in ("table1", "all", "index")
+    evaluated = 0 if target == "figures" else len(TARGETS[target] - {"gigpo", "arpo"}) + with_table1
+    assert counts["rl"] == len(TARGETS[target]) and counts.get("evaluate", 0) == 2 * evaluated
+    assert counts.get("evaluate_passk", 0) == (2 if TARGETS[target] >= FIGURES else 0)
 
 
 def test_variant_commands_carry_their_overrides(tmp_path):

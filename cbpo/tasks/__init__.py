@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import importlib
 
-TASKS = {"arith": "cbpo.tasks.arith", "twohop": "cbpo.tasks.twohop"}
+TASKS = {
+    "arith": "cbpo.tasks.arith",
+    "twohop": "cbpo.tasks.twohop",
+    # Fork tasks (cbpo.tasks.forks): rows also carry ``decisions``; generate takes ``p_lose``.
+    "arith_fork": "cbpo.tasks.arith_fork",
+    "twohop_fork": "cbpo.tasks.twohop_fork",
+}
 
 
 def get_task(name: str):

@@ -142,3 +142,14 @@ def test_a_presets_value_beats_the_root_configs(preset, expected):
     schema.register()
     with initialize_config_dir(str(Path(__file__).resolve().parents[2] / "configs"), version_base=None):
         assert compose("config", [f"preset={preset}"]).system_prompt == expected
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("method", ["cbpo", "arpo", "aepo", "tree_grpo"])
+def test_the_run_seed_drives_every_random_choice_of_training(preset, method):
+    # Two seeds of a study must be two different runs, not one run copied: SFT batches, RL
+    # problem order and sampling, and a method's own draws all follow the run's seed.
+    cfg = composed(f"preset={preset}", f"method={method}", "seed=3")
+    assert cfg.sft.seed == 3 and cfg.rl.seed == 3
+    assert cfg.method.get("seed", 3) == 3
+    assert composed(f"preset={preset}", "seed=3", "rl.seed=5").rl.seed == 5  # still a setting of its own

@@ -175,6 +175,9 @@ def test_sft_micro_batches_give_the_same_update(tokenizer, tiny_causal_lm, tmp_p
     (one, loss_one), (three, loss_three) = (_sft_params(tiny_causal_lm(tokenizer), tokenizer, tmp_path, n) for n in (1, 3))
     assert torch.allclose(one, three, atol=1e-5)
     assert loss_one == pytest.approx(loss_three, rel=1e-5) and loss_one[0] > 1.0
+    # Each logged SFT step carries its wall time (the tables' device-hours add them up).
+    records = [json.loads(line) for line in (tmp_path / "mb1" / "m.jsonl").read_text().splitlines()]
+    assert all(r["wall_seconds"] > 0 for r in records)
 
 
 def test_sft_schedule_warms_up_then_decays():
@@ -225,3 +228,21 @@ def test_rl_train_takes_the_objective_and_entropy_k_from_the_method(model, token
     assert seen["top_k"] == 3
     assert seen["objective"] == ObjectiveConfig(beta=0.5, clip_eps=0.3)
     assert seen["ref"] is not None
+
+
+def test_rollouts_are_dumped_every_kth_step_and_at_the_last(model, tokenizer, tmp_path):
+    # Paper-scale dumps are large: dump_every keeps a few steps (and always the last, which
+    # the figures read) instead of every one.
+    from cbpo.registry import get_method
+    from cbpo.rollout.agent import AgentConfig
+    from cbpo.trainer import MetricsLog, rl_train
+
+    rows = [{"id": "a", "question": "What is 1 plus 2?", "answer": "3", "domain": "math"}]
+    cfg = RLConfig(steps=5, problems_per_step=1, dump_rollouts=True, dump_every=2,
+                   agent=AgentConfig(max_new_tokens=4, max_total_tokens=8))
+    method = get_method("grpo")(vocab_size=len(tokenizer), budget=2)
+    rl_train(model, tokenizer, method, rows, {}, lambda texts, rows: [0.0] * len(texts), cfg, tmp_path,
+             MetricsLog(tmp_path / "m.jsonl"), None)
+    assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == ["step_000002.jsonl", "step_000004.jsonl", "step_000005.jsonl"]
+    with pytest.raises(ValueError, match="dump_every"):
+        RLConfig(dump_every=0)

@@ -12,12 +12,16 @@ from snakemake.utils import validate
 from cbpo.data import data_files, shared_data_dir
 from cbpo.registry import get_method, known_methods
 from cbpo.schema import register
+from cbpo.tasks import TASKS, get_task
 from eval.benchmarks import benchmark_config, planned_file
 
 ROOT = workflow.basedir  # the repository: configs live there, outputs go to the workdir
 validate(config, os.path.join(ROOT, "workflow", "schemas", "config.schema.yaml"))
 
-MODEL, DATA, PRESET, SEED = config["model"], config["data"], config["preset"], config["seed"]
+MODEL, DATA, PRESET = config["model"], config["data"], config["preset"]
+SEEDS = [int(s) for s in config["seeds"]] if isinstance(config["seeds"], list) else [config["seeds"]]
+if len(set(SEEDS)) != len(SEEDS):
+    raise ValueError(f"seeds={SEEDS}: a seed is listed twice")
 for group, name in (("model", MODEL), ("data", DATA), ("preset", PRESET)):
     if not Path(ROOT, "configs", group, f"{name}.yaml").is_file():  # named before anything composes it
         raise ValueError(f"{group}={name}: there is no configs/{group}/{name}.yaml")
@@ -53,13 +57,23 @@ BACKBONE = config["paper_backbone"].get(MODEL, config["paper_backbone"]["default
 
 # Outputs are keyed by what made them, as the Hydra configs key them (configs/config.yaml).
 KEY = "{preset}/{model}/{data}/seed{seed}"
-TABLE = f"results/tables/{PRESET}/{MODEL}/{DATA}/seed{SEED}/table1"
-SUMMARIES = f"results/raw/{PRESET}/{MODEL}/{DATA}/seed{SEED}"
+STUDY = f"{PRESET}/{MODEL}/{DATA}"  # a table or figure aggregates the configured seeds of one study
+TABLES_DIR = f"results/tables/{STUDY}"
+
+
+def keyed(pattern):
+    """``pattern`` (``{key}`` for a run key) for every configured seed, in seed order."""
+    return [pattern.format(key=f"{STUDY}/seed{s}") for s in SEEDS]
+
+
+SUMMARIES = keyed("results/raw/{key}")  # per seed: <run>/<benchmark>/summary.json
 wildcard_constraints:
     preset="[A-Za-z0-9._-]+",
     model="[A-Za-z0-9._-]+",
     data="[A-Za-z0-9._-]+",
     seed="[0-9]+",
+    run="[A-Za-z0-9._-]+",
+    benchmark="[A-Za-z0-9_-]+",  # never "<benchmark>/pass5": those are Fig. 4's evaluations
     # Only methods that train, and variants, have an rl job; the rest are evaluated from the
     # folder they name.
     trained="|".join(re.escape(r) for r in [*(m for m in known_methods() if get_method(m).trains), *VARIANTS]),
@@ -141,9 +155,13 @@ def run_of(name):
 def table_summaries(table):
     """Every evaluation summary a table reads: each row's run on each benchmark."""
     def summaries(w):
-        runs = dict.fromkeys(run_of(r) for r in TABLES[table].values())
-        return expand(f"{SUMMARIES}/{{run}}/{{benchmark}}/summary.json", run=runs, benchmark=BENCHMARKS)
+        return study_summaries(dict.fromkeys(run_of(r) for r in TABLES[table].values()))
     return summaries
+
+
+def study_summaries(runs):
+    """Each run's summary on each benchmark, for every seed."""
+    return [f"{d}/{run}/{b}/summary.json" for d in SUMMARIES for run in runs for b in BENCHMARKS]
 
 
 def table_rows(table):
@@ -183,3 +201,26 @@ JOB = "model={wildcards.model:q} data={wildcards.data:q} preset={wildcards.prese
 def command(*words):
     """A job's shell command: the environment, ``python -m <words>``, its log."""
     return " ".join([ENV, "-m", *words, "> {log:q} 2>&1"])
+
+
+# What every table's eval.report call shares: the seeds' summaries and training runs (budget
+# columns), the paper backbone to compare with. Params, so a new seed list or
+# caption rewrites the tables.
+DEVICE_HOURS = config["device_hours"].get(PRESET, config["device_hours"]["default"])
+REPORT_PARAMS = dict(
+    summaries=SUMMARIES,
+    runs_dirs=keyed("runs/{key}"),
+    benchmarks=BENCHMARKS,
+    label=LABEL,
+    backbone=BACKBONE,
+    devices=DEVICE_HOURS["devices_per_job"],
+    device_kind=DEVICE_HOURS["kind"],
+)
+
+
+def report_command(args):
+    """``python -m eval.report <args>`` with the shared REPORT_PARAMS options."""
+    return ("{PYTHON:q} -m eval.report " + args + " --summaries {params.summaries:q} --runs {params.runs_dirs:q}"
+            " --benchmarks {params.benchmarks:q} --out {params.out:q}"
+            " --backbone={params.backbone:q} --label={params.label:q} --devices-per-job={params.devices:q}"
+            " --device-kind={params.device_kind:q} > {log:q} 2>&1")

@@ -4,13 +4,11 @@ for ablation in TABLES:
     rule:
         name: ablation
         input: table_summaries(ablation)
-        output: multiext(f"results/tables/{PRESET}/{MODEL}/{DATA}/seed{SEED}/{ablation}", ".md", ".csv", ".tex")
-        log: f"logs/{PRESET}/{MODEL}/{DATA}/seed{SEED}/{ablation}.log"
+        output: multiext(f"{TABLES_DIR}/{ablation}", ".md", ".csv", ".tex")
+        log: f"logs/{STUDY}/{ablation}.log"
         params:
             table=ablation,
             out=lambda w, output: output[0].removesuffix(".md"),
             rows=table_rows(ablation),
-            benchmarks=BENCHMARKS,
-            label=LABEL,
-            backbone=BACKBONE,
-        shell: "{PYTHON:q} -m eval.report {params.table:q} --summaries {SUMMARIES:q} --out {params.out:q} --rows {params.rows:q} --benchmarks {params.benchmarks:q} --backbone={params.backbone:q} --label={params.label:q} > {log:q} 2>&1"
+            **REPORT_PARAMS,
+        shell: report_command("{params.table:q} --rows {params.rows:q}")

@@ -47,4 +47,6 @@ rule rl:
         # the teacher path is a method.* override: variant= keeps it from renaming the run
         teacher=lambda w: [f"variant={w.trained}", *(f"method.teacher={t}" for t in teacher_of(w))]
         if teacher_of(w) and w.trained not in VARIANTS else [f"method.teacher={t}" for t in teacher_of(w)],
-    shell: command("cbpo.train stage=rl method={params.method:q}", JOB, "{params.variant:q} {params.teacher:q} {params.backend:q}")
+    # Rollout dumps (every rl.dump_every steps and the last) feed Figs. 2 and 5 and the credit
+    # lab; bookkeeping, the weights do not depend on them.
+    shell: command("cbpo.train stage=rl method={params.method:q}", JOB, "{params.variant:q} {params.teacher:q} {params.backend:q} rl.dump_rollouts=true")

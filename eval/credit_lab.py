@@ -1,0 +1,263 @@
+"""Credit lab (issue #14): where each method's token credit lands relative to the known
+decisions of the fork tasks (``cbpo.tasks.forks``), read from its rollout dumps.
+
+    python -m eval.credit_lab --runs runs/S/seed0/grpo runs/S/seed0/cbpo --out results/credit/S/credit_lab
+
+A method is a run folder's name; the folders of one method (seeds) are pooled. Over every
+``<run>/rollouts/step_*.jsonl`` (``rl.dump_rollouts=true``) it measures:
+
+- credit on decisions: the share of the |advantage| mass (model tokens under the loss mask)
+  on decision tokens, beside those tokens' share of the loss tokens: the two are equal for a
+  method whose credit ignores where the decision is (GRPO's is constant along a response);
+- the win rate per step: dumps hold no log-probs, so instead of the decision-token
+  probability this is the fraction of rollouts that sampled their decision themselves (every
+  rollout but a branch that copied it) and took the winning choice;
+- the entropy at decision tokens and at the other model tokens;
+- where CBPO's chosen branch points fall: ``b - d``, ``d`` the parent's first decision token
+  (model-token positions; a branch at ``b <= d`` samples the decision anew), beside the same
+  for its retained candidates.
+
+Decision tokens are the response tokens whose text overlaps a span of the task's
+``decision_spans(text, question)``: the response is decoded with the run's tokenizer
+(``<run>/final``) one prefix at a time up to the span's end. Questions come from the task
+files under ``--data-dir`` (``paths.data_dir``), the task from the problem id's prefix;
+rollouts of tasks without decisions are left out. Writes ``<out>.md``, ``<out>.csv`` (per method,
+a row per task and step, ``all`` steps of each task, ``all`` of both), ``<out>.png`` and
+``<out>.pdf``. A run without dumps or
+tokenizer, or without any fork-task rollout, is an error naming it (exit 2).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from cbpo.data import read_jsonl, read_rows, task_file
+from cbpo.tasks import TASKS, get_task
+from eval.figures import dump_step, figure, save
+
+COLUMNS = ("method", "task", "step", "rollouts", "decisions_sampled", "win_rate", "decision_token_share", "abs_adv_share",
+           "abs_adv_per_decision_token", "abs_adv_per_other_token", "entropy_decision", "entropy_other")
+
+
+def span_tokens(tokenizer, ids: Sequence[int], start: int, end: int) -> list[int]:
+    """Indices of the tokens of ``ids`` whose decoded text overlaps characters ``[start, end)``
+    of ``tokenizer.decode(ids)``. Prefixes are decoded, not single tokens, and a byte-level
+    token that holds only part of a character (the prefix decodes to a trailing U+FFFD) goes
+    with the token that completes the character."""
+    tokens, pending, before = [], [], 0
+    for i in range(len(ids)):
+        if before >= end:
+            break
+        text = tokenizer.decode(ids[: i + 1], skip_special_tokens=False)
+        if text.endswith("\ufffd") and i + 1 < len(ids):
+            pending.append(i)
+            continue
+        if len(text) > max(before, start):
+            tokens += pending + [i]
+        pending, before = [], len(text)
+    return tokens
+
+
+def fork_questions(data_dir: Path) -> Callable[[str], tuple[Callable, str] | None]:
+    """``lookup(problem_id)``: the task's ``decision_spans`` and the problem's question, or
+    None for a task without decisions. Task files are read once, on first use."""
+    cache: dict[str, dict[str, str]] = {}
+
+    def lookup(problem: str):
+        task = problem.split("-", 1)[0]
+        spans = getattr(get_task(task), "decision_spans", None) if task in TASKS else None
+        if spans is None:
+            return None
+        if task not in cache:
+            cache[task] = {row["id"]: row["question"] for row in read_rows(task_file(data_dir, task, "train"))}
+        if problem not in cache[task]:
+            raise KeyError(f"problem {problem!r} is not in {task_file(data_dir, task, 'train')}")
+        return spans, cache[task][problem]
+
+    return lookup
+
+
+def rollout_record(row: dict, tokenizer, decision_spans: Callable, question: str) -> dict:
+    """One dumped rollout, measured against its decisions."""
+    ids = row["response_ids"]
+    spans = decision_spans(tokenizer.decode(ids, skip_special_tokens=False), question)
+    mask = np.asarray(row["model_mask"], dtype=bool)
+    model_index = np.cumsum(mask) - 1
+    on_decision = np.zeros(int(mask.sum()), dtype=bool)
+    for span in spans:
+        tokens = [i for i in span_tokens(tokenizer, ids, span["start"], span["end"]) if mask[i]]
+        on_decision[model_index[tokens]] = True
+    trained = np.asarray(row["loss_mask"], dtype=bool)
+    mass = np.abs(np.asarray(row["advantage"], dtype=np.float64)) * trained
+    entropy = np.asarray(row["entropy"], dtype=np.float64)[mask]
+    first = int(np.argmax(on_decision)) if on_decision.any() else None
+    record = {
+        "kind": row["kind"],
+        # A branch that starts after the decision copied it from its parent.
+        "sampled": row["kind"] != "branch" or first is None or row["at"] <= first,
+        "wins": bool(spans) and spans[0]["wins"],
+        "loss_tokens": int(trained.sum()),
+        "decision_tokens": int((trained & on_decision).sum()),
+        "mass_decision": float(mass[on_decision].sum()),
+        "mass_total": float(mass.sum()),
+        "entropy_decision_sum": float(entropy[on_decision].sum()),
+        "entropy_decision_n": int(on_decision.sum()),
+        "entropy_other_sum": float(entropy[~on_decision].sum()),
+        "entropy_other_n": int((~on_decision).sum()),
+        "chosen": [],
+        "candidates": [],
+    }
+    if first is not None and "chosen" in row:
+        record["chosen"] = [b - first for b in row["chosen"]]
+        record["candidates"] = [b - first for b in row["candidates"]]
+    return record
+
+
+def run_records(run: Path, data_dir: Path) -> list[dict]:
+    """Every fork-task rollout of a run's dumps, with its step."""
+    dumps = sorted((run / "rollouts").glob("step_*.jsonl"))
+    if not dumps:
+        raise FileNotFoundError(f"run {run} has no rollout dumps ({run / 'rollouts'}/step_*.jsonl; "
+                                "train with rl.dump_rollouts=true)")
+    if not (run / "final").is_dir():
+        raise FileNotFoundError(f"run {run} has no tokenizer at {run / 'final'} (the run is not finished)")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(run / "final")
+    lookup = fork_questions(data_dir)
+    records = []
+    for path in dumps:
+        for _, row in read_jsonl(path):
+            found = lookup(row["problem"])
+            if found is not None:
+                task = row["problem"].split("-", 1)[0]
+                records.append({"task": task, "step": dump_step(path), **rollout_record(row, tokenizer, *found)})
+    if not records:
+        raise ValueError(f"run {run}: its dumps hold no rollout of a task with decisions (cbpo.tasks.forks)")
+    return records
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else float("nan")
+
+
+def summarise(df: pd.DataFrame) -> dict:
+    sampled = df[df["sampled"]]
+    other_tokens = df["loss_tokens"].sum() - df["decision_tokens"].sum()
+    return {
+        "rollouts": len(df),
+        "decisions_sampled": len(sampled),
+        "win_rate": _ratio(sampled["wins"].sum(), len(sampled)),
+        "decision_token_share": _ratio(df["decision_tokens"].sum(), df["loss_tokens"].sum()),
+        "abs_adv_share": _ratio(df["mass_decision"].sum(), df["mass_total"].sum()),
+        "abs_adv_per_decision_token": _ratio(df["mass_decision"].sum(), df["decision_tokens"].sum()),
+        "abs_adv_per_other_token": _ratio(df["mass_total"].sum() - df["mass_decision"].sum(), other_tokens),
+        "entropy_decision": _ratio(df["entropy_decision_sum"].sum(), df["entropy_decision_n"].sum()),
+        "entropy_other": _ratio(df["entropy_other_sum"].sum(), df["entropy_other_n"].sum()),
+    }
+
+
+def credit_table(records: dict[str, list[dict]]) -> pd.DataFrame:
+    """Per method: a row per task and step, each task's ``all`` steps, then the method's
+    ``all`` tasks and steps."""
+    rows = []
+    for method, recs in records.items():
+        df = pd.DataFrame(recs)
+        for task, part in df.groupby("task"):
+            rows += [{"method": method, "task": task, "step": step, **summarise(p)} for step, p in part.groupby("step")]
+            rows.append({"method": method, "task": task, "step": "all", **summarise(part)})
+        rows.append({"method": method, "task": "all", "step": "all", **summarise(df)})
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def distances(records: dict[str, list[dict]], key: str) -> dict[str, np.ndarray]:
+    """Per method with branch annotations: ``b - d`` of every chosen point (or candidate)."""
+    out = {m: np.asarray([x for r in recs for x in r[key]], dtype=int) for m, recs in records.items()}
+    return {m: d for m, d in out.items() if d.size}
+
+
+def distance_table(chosen: dict[str, np.ndarray], candidates: dict[str, np.ndarray]) -> pd.DataFrame:
+    rows = []
+    for method, d in chosen.items():
+        c = candidates[method]
+        rows.append({"method": method, "chosen": d.size, "chosen at or before d": np.mean(d <= 0),
+                     "chosen at d": np.mean(d == 0), "median b - d": np.median(d),
+                     "candidates": c.size, "candidates at or before d": np.mean(c <= 0)})
+    return pd.DataFrame(rows)
+
+
+def plot(table: pd.DataFrame, chosen: dict[str, np.ndarray], out: Path, label: str) -> None:
+    fig = figure(figsize=(12, 3.6))
+    ax_credit, ax_win, ax_dist = fig.subplots(1, 3)
+    overall = table[table["task"] == "all"]
+    x = np.arange(len(overall))
+    ax_credit.bar(x - 0.2, overall["decision_token_share"], 0.4, label="decision tokens' share of tokens")
+    ax_credit.bar(x + 0.2, overall["abs_adv_share"], 0.4, label="their share of |advantage|")
+    ax_credit.set(xticks=x, xticklabels=overall["method"], title="(a) credit on decision tokens")
+    ax_credit.legend(fontsize="small")
+    for (method, task), part in table[table["step"] != "all"].groupby(["method", "task"], sort=False):
+        ax_win.plot(part["step"].astype(int), part["win_rate"], marker=".", label=f"{method}, {task}")
+    ax_win.set(xlabel="step", ylabel="rollouts taking the winning choice", ylim=(0, 1), title="(b) win rate")
+    ax_win.legend(fontsize="small")
+    for method, d in chosen.items():
+        ax_dist.hist(d, bins=np.arange(d.min() - 0.5, d.max() + 1.5), alpha=0.6, label=method)
+    ax_dist.axvline(0, color="black", linewidth=0.8)
+    ax_dist.set(xlabel="chosen branch point b - first decision token d", ylabel="count",
+                title="(c) chosen branch points" if chosen else "(c) no branch annotations in the dumps")
+    if chosen:
+        ax_dist.legend(fontsize="small")
+    fig.suptitle(label, fontsize="small")
+    save(fig, out)
+
+
+def write(records: dict[str, list[dict]], out: Path, label: str) -> None:
+    table = credit_table(records)
+    chosen = distances(records, "chosen")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(f"{out}.csv", index=False)
+    overall = table[table["step"] == "all"].drop(columns="step")
+    per_step = table[table["step"] != "all"]
+    wins = per_step.pivot(index="step", columns=["method", "task"], values="win_rate")[list(records)]
+    wins.columns = [f"{method}, {task}" for method, task in wins.columns]
+    parts = [
+        f"# Credit lab{': ' + label if label else ''}", "",
+        "Decision tokens: where each rollout's first action is chosen (cbpo.tasks.forks). abs_adv_share: their "
+        "share of the |advantage| mass under the loss mask, beside decision_token_share (their share of the loss "
+        "tokens). win_rate: rollouts that sampled their decision and took the winning choice (the dumps hold no "
+        "log-probs, so no decision-token probability).", "",
+        overall.to_markdown(index=False, floatfmt=".4f"), "",
+        "## Win rate per step", "", wins.to_markdown(floatfmt=".3f"), "",
+    ]
+    if chosen:
+        parts += ["## Chosen branch points relative to the decision (b - d, model tokens)", "",
+                  distance_table(chosen, distances(records, "candidates")).to_markdown(index=False, floatfmt=".3f"), ""]
+    Path(f"{out}.md").write_text("\n".join(parts))
+    plot(table, chosen, out, label)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval.credit_lab", description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=Path, nargs="+", required=True, help="run folders runs/<key>/<method>")
+    parser.add_argument("--out", type=Path, required=True, help="path without suffix (.md, .csv, .png, .pdf)")
+    parser.add_argument("--data-dir", type=Path, default=Path("data"), help="the task files (paths.data_dir)")
+    parser.add_argument("--label", default="", help="a caption naming the study")
+    args = parser.parse_args(argv)
+    records: dict[str, list[dict]] = {}
+    try:
+        for run in args.runs:
+            records.setdefault(run.name, []).extend(run_records(run, args.data_dir))
+    except (FileNotFoundError, KeyError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    write(records, args.out, args.label)
+    print(f"wrote {args.out}.md, .csv, .png, .pdf")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+# Figures 2, 4 and 5 and the reward curves of Table 1's trained methods (eval.figures), under
+# results/figures/<preset>/<model>/<data>/, from the configured seeds' runs and evaluations.
+# `figures` builds them all, training GiGPO, ARPO and CBPO when the study's rows do not.
+FIGURES_DIR = f"results/figures/{STUDY}"
+RUN_DIRS = keyed("runs/{key}")
+FIG5_METHODS = ["gigpo", "arpo", "cbpo"]  # Fig. 5 (a, b); CBPO's rollout dump feeds Figs. 2 and 5 (c, d)
+FIG4_METHODS = ["arpo", "cbpo"]
+MATH_BENCHMARKS = [b for b in BENCHMARKS if benchmark_config(b)["domain"] == "math"]
+# Data whose tasks mark their decisions (data=forks) also get the credit lab (eval.credit_lab).
+DECISIONS = any(hasattr(get_task(t), "decision_spans") for t in data_config(DATA).get("tasks", []) if t in TASKS)
+FIGURES = ["fig2", "fig5"] + ["curves"] * bool(METHODS) + ["fig4"] * bool(MATH_BENCHMARKS) + ["credit_lab"] * (DECISIONS and bool(METHODS))
+FIGURE_PARAMS = dict(out=lambda w, output: output[0].removesuffix(".png"), label=LABEL)
+
+
+def trained_runs(methods):
+    """The finished training runs of ``methods``, for every seed."""
+    return [f"{d}/{m}/final/DONE.json" for d in RUN_DIRS for m in methods]
+
+
+def passk_summary():
+    """Fig. 4's summary below <run>/<benchmark>/: the preset's own evaluation where it samples
+    at least passk_samples answers per problem (paper), else one made for the figure."""
+    evaluation = composed().evaluation
+    own = evaluation.n_samples >= config["figures"]["passk_samples"] and evaluation.temperature > 0
+    return "summary.json" if own else "pass5/summary.json"
+
+
+def figure_command(args):
+    return "{PYTHON:q} -m eval.figures " + args + " --out {params.out:q} --label={params.label:q} > {log:q} 2>&1"
+
+
+# Pass@3/5 need several sampled answers; the smoke and tiny presets evaluate greedily once.
+rule evaluate_passk:
+    input: rules.evaluate.input
+    output: f"results/raw/{KEY}/{{run}}/{{benchmark}}/pass5/summary.json"
+    log: f"logs/{KEY}/passk_{{run}}_{{benchmark}}.log"
+    benchmark: f"results/benchmarks/{KEY}/passk_{{run}}_{{benchmark}}.tsv"
+    threads: 1
+    resources: **resources("evaluate")
+    params:
+        data_root=DATA_ROOT,
+        method=lambda w: method_of(w.run),
+        overrides=lambda w: overrides_of(w.run),
+        out=lambda w, output: os.path.dirname(output[0]),
+        n=config["figures"]["passk_samples"],
+        temperature=config["figures"]["passk_temperature"],
+    shell: command("eval.run benchmark={wildcards.benchmark:q} method={params.method:q} run_name={wildcards.run:q} eval_out={params.out:q} evaluation.n_samples={params.n:q} evaluation.temperature={params.temperature:q}", JOB, "{params.overrides:q}")
+
+rule fig2:
+    input: trained_runs(["cbpo"])[0]
+    output: multiext(f"{FIGURES_DIR}/fig2", ".png", ".pdf")
+    log: f"logs/{STUDY}/fig2.log"
+    params: run=f"{RUN_DIRS[0]}/cbpo", **FIGURE_PARAMS
+    shell: figure_command("fig2 --run {params.run:q}")
+
+rule fig4:
+    input: lambda w: [f"{d}/{m}/{b}/{passk_summary()}" for d in SUMMARIES for m in FIG4_METHODS for b in MATH_BENCHMARKS]
+    output: multiext(f"{FIGURES_DIR}/fig4", ".png", ".pdf")
+    log: f"logs/{STUDY}/fig4.log"
+    params: summaries=SUMMARIES, file=lambda w: passk_summary(), methods=FIG4_METHODS, benchmarks=MATH_BENCHMARKS, **FIGURE_PARAMS
+    shell: figure_command("fig4 --summaries {params.summaries:q} --summary-file {params.file:q} --methods {params.methods:q} --benchmarks {params.benchmarks:q}")
+
+rule fig5:
+    input: trained_runs(FIG5_METHODS)
+    output: multiext(f"{FIGURES_DIR}/fig5", ".png", ".pdf")
+    log: f"logs/{STUDY}/fig5.log"
+    params: runs=RUN_DIRS, methods=FIG5_METHODS, **FIGURE_PARAMS
+    shell: figure_command("fig5 --runs {params.runs:q} --methods {params.methods:q}")
+
+rule curves:
+    input: trained_runs(METHODS)
+    output: multiext(f"{FIGURES_DIR}/curves", ".png", ".pdf")
+    log: f"logs/{STUDY}/curves.log"
+    params: runs=RUN_DIRS, methods=METHODS, **FIGURE_PARAMS
+    shell: figure_command("curves --runs {params.runs:q} --methods {params.methods:q}")
+
+rule credit_lab:  # where each Table 1 method's credit lands relative to the tasks' decisions
+    input: trained_runs(METHODS), rules.data.output
+    output: multiext(f"{FIGURES_DIR}/credit_lab", ".png", ".pdf", ".md", ".csv")
+    log: f"logs/{STUDY}/credit_lab.log"
+    params: runs=[f"{d}/{m}" for d in RUN_DIRS for m in METHODS], **FIGURE_PARAMS
+    shell: "{PYTHON:q} -m eval.credit_lab --runs {params.runs:q} --out {params.out:q} --label={params.label:q} > {log:q} 2>&1"
+
+rule figures:
+    input: [f"{FIGURES_DIR}/{name}{ext}" for name in FIGURES for ext in (".png", ".pdf")]
