@@ -8,13 +8,14 @@ configfile: os.path.join(workflow.basedir, "workflow", "config.yaml")
 include: "workflow/rules/common.smk"
 
 # Cheap steps stay on the submitting machine under a cluster profile.
-localrules: all, ablations, data, table1, table2, table3, boundary, figures, fig2, fig4, fig5, curves, credit_lab, index
+localrules: all, ablations, data, table1, table2, table3, boundary, figures, fig2, fig4, fig5, curves, credit_lab, index, seeds, seeds_table1, seeds_credit_lab
 
 include: "workflow/rules/prepare.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/figures.smk"
+include: "workflow/rules/seeds.smk"
 
 # Table 1 of the configured preset, model, data and seeds.
 rule table1:

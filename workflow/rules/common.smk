@@ -19,9 +19,18 @@ ROOT = workflow.basedir  # the repository: configs live there, outputs go to the
 validate(config, os.path.join(ROOT, "workflow", "schemas", "config.schema.yaml"))
 
 MODEL, DATA, PRESET = config["model"], config["data"], config["preset"]
-SEEDS = [int(s) for s in config["seeds"]] if isinstance(config["seeds"], list) else [config["seeds"]]
-if len(set(SEEDS)) != len(SEEDS):
-    raise ValueError(f"seeds={SEEDS}: a seed is listed twice")
+
+
+def seed_list(key):
+    """A seed list of the config (``seeds``, ``study_seeds``): one integer or a list."""
+    value = config[key]
+    seeds = [int(s) for s in value] if isinstance(value, list) else [value]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"{key}={seeds}: a seed is listed twice")
+    return seeds
+
+
+SEEDS = seed_list("seeds")
 for group, name in (("model", MODEL), ("data", DATA), ("preset", PRESET)):
     if not Path(ROOT, "configs", group, f"{name}.yaml").is_file():  # named before anything composes it
         raise ValueError(f"{group}={name}: there is no configs/{group}/{name}.yaml")
@@ -61,9 +70,10 @@ STUDY = f"{PRESET}/{MODEL}/{DATA}"  # a table or figure aggregates the configure
 TABLES_DIR = f"results/tables/{STUDY}"
 
 
-def keyed(pattern):
-    """``pattern`` (``{key}`` for a run key) for every configured seed, in seed order."""
-    return [pattern.format(key=f"{STUDY}/seed{s}") for s in SEEDS]
+def keyed(pattern, seeds=None):
+    """``pattern`` (``{key}`` for a run key) for every seed (the configured ones unless
+    ``seeds`` says), in seed order."""
+    return [pattern.format(key=f"{STUDY}/seed{s}") for s in (SEEDS if seeds is None else seeds)]
 
 
 SUMMARIES = keyed("results/raw/{key}")  # per seed: <run>/<benchmark>/summary.json
@@ -207,15 +217,21 @@ def command(*words):
 # columns), the paper backbone to compare with. Params, so a new seed list or
 # caption rewrites the tables.
 DEVICE_HOURS = config["device_hours"].get(PRESET, config["device_hours"]["default"])
-REPORT_PARAMS = dict(
-    summaries=SUMMARIES,
-    runs_dirs=keyed("runs/{key}"),
-    benchmarks=BENCHMARKS,
-    label=LABEL,
-    backbone=BACKBONE,
-    devices=DEVICE_HOURS["devices_per_job"],
-    device_kind=DEVICE_HOURS["kind"],
-)
+
+
+def report_params(seeds=None):
+    return dict(
+        summaries=keyed("results/raw/{key}", seeds),
+        runs_dirs=keyed("runs/{key}", seeds),
+        benchmarks=BENCHMARKS,
+        label=LABEL,
+        backbone=BACKBONE,
+        devices=DEVICE_HOURS["devices_per_job"],
+        device_kind=DEVICE_HOURS["kind"],
+    )
+
+
+REPORT_PARAMS = report_params()
 
 
 def report_command(args):
