@@ -1,6 +1,6 @@
 # The paper's DAG: data -> model -> SFT -> RL{methods} -> eval{runs x benchmarks} -> tables.
 # Each step is a Hydra entry point; outputs are written atomically (a DONE.json last), so a
-# crashed step never looks finished. `snakemake -c2 table1` runs the CPU demo; `snakemake` alone builds `all`.
+# crashed step never looks finished. `make demo` runs `table1 figures` on data=forks; `snakemake` alone builds `all`.
 import os
 
 configfile: os.path.join(workflow.basedir, "workflow", "config.yaml")

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from cbpo.data import read_jsonl
 from eval.benchmarks import benchmark_config
 from eval.metrics import macro_average
 
@@ -148,7 +149,7 @@ def table1_rows(methods: Sequence[str], paper: pd.DataFrame) -> tuple[dict[str, 
 
 def step_records(metrics: Path) -> list[dict]:
     """A run's logged steps (SFT: every log_every steps; RL: every step); none without metrics."""
-    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
+    records = [record for _, record in read_jsonl(metrics)] if metrics.is_file() else []
     return [r for r in records if "sft_loss" in r or "reward" in r]
 
 

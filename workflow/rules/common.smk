@@ -169,9 +169,9 @@ def table_summaries(table):
     return summaries
 
 
-def study_summaries(runs):
-    """Each run's summary on each benchmark, for every seed."""
-    return [f"{d}/{run}/{b}/summary.json" for d in SUMMARIES for run in runs for b in BENCHMARKS]
+def study_summaries(runs, seeds=None):
+    """Each run's summary on each benchmark, for every seed (the configured ones unless ``seeds``)."""
+    return [f"{d}/{run}/{b}/summary.json" for d in keyed("results/raw/{key}", seeds) for run in runs for b in BENCHMARKS]
 
 
 def table_rows(table):

@@ -12,9 +12,17 @@ FIGURES = ["fig2", "fig5"] + ["curves"] * bool(METHODS) + ["fig4"] * bool(MATH_B
 FIGURE_PARAMS = dict(out=lambda w, output: output[0].removesuffix(".png"), label=LABEL)
 
 
-def trained_runs(methods):
-    """The finished training runs of ``methods``, for every seed."""
-    return [f"{d}/{m}/final/DONE.json" for d in RUN_DIRS for m in methods]
+def trained_runs(methods, seeds=None):
+    """The finished training runs of ``methods``, for every seed (the configured ones unless ``seeds``)."""
+    return [f"{d}/{m}/final/DONE.json" for d in keyed("runs/{key}", seeds) for m in methods]
+
+
+def credit_lab_runs(seeds=None):
+    """The run folders the credit lab compares: Table 1's trained methods, every seed."""
+    return [f"{d}/{m}" for d in keyed("runs/{key}", seeds) for m in METHODS]
+
+
+CREDIT_LAB = "{PYTHON:q} -m eval.credit_lab --runs {params.runs:q} --out {params.out:q} --label={params.label:q} > {log:q} 2>&1"
 
 
 def passk_summary():
@@ -78,8 +86,8 @@ rule credit_lab:  # where each Table 1 method's credit lands relative to the tas
     input: trained_runs(METHODS), rules.data.output
     output: multiext(f"{FIGURES_DIR}/credit_lab", ".png", ".pdf", ".md", ".csv")
     log: f"logs/{STUDY}/credit_lab.log"
-    params: runs=[f"{d}/{m}" for d in RUN_DIRS for m in METHODS], **FIGURE_PARAMS
-    shell: "{PYTHON:q} -m eval.credit_lab --runs {params.runs:q} --out {params.out:q} --label={params.label:q} > {log:q} 2>&1"
+    params: runs=credit_lab_runs(), **FIGURE_PARAMS
+    shell: CREDIT_LAB
 
 rule figures:
     input: [f"{FIGURES_DIR}/{name}{ext}" for name in FIGURES for ext in (".png", ".pdf")]

@@ -5,7 +5,7 @@
 STUDY_SEEDS = seed_list("study_seeds")
 
 rule seeds_table1:
-    input: [f"{d}/{run}/{b}/summary.json" for d in keyed("results/raw/{key}", STUDY_SEEDS) for run in RUNS for b in BENCHMARKS]
+    input: study_summaries(RUNS, STUDY_SEEDS)
     output: multiext(f"{TABLES_DIR}/seeds/table1", ".md", ".csv", ".tex")
     log: f"logs/{STUDY}/seeds_table1.log"
     params:
@@ -15,11 +15,11 @@ rule seeds_table1:
     shell: report_command("table1 --methods {params.runs:q}")
 
 rule seeds_credit_lab:
-    input: [f"{d}/{m}/final/DONE.json" for d in keyed("runs/{key}", STUDY_SEEDS) for m in METHODS], rules.data.output
+    input: trained_runs(METHODS, STUDY_SEEDS), rules.data.output
     output: multiext(f"{FIGURES_DIR}/seeds/credit_lab", ".png", ".pdf", ".md", ".csv")
     log: f"logs/{STUDY}/seeds_credit_lab.log"
-    params: runs=[f"{d}/{m}" for d in keyed("runs/{key}", STUDY_SEEDS) for m in METHODS], **FIGURE_PARAMS
-    shell: "{PYTHON:q} -m eval.credit_lab --runs {params.runs:q} --out {params.out:q} --label={params.label:q} > {log:q} 2>&1"
+    params: runs=credit_lab_runs(STUDY_SEEDS), **FIGURE_PARAMS
+    shell: CREDIT_LAB
 
 rule seeds:
     input: rules.seeds_table1.output, *(rules.seeds_credit_lab.output if DECISIONS and METHODS else [])
