@@ -519,16 +519,18 @@ def _reward(tokenizer, rewarder, trajs: Sequence[Trajectory], rows: Sequence[Map
 
 
 def _dump_rollouts(path: Path, trajs, texts, credits, rows, extra) -> None:
-    """One JSON line per rollout: text and tokens, model/observation mask, per-token entropy,
-    reward, token advantages and loss mask, plus the method's own annotations (CBPO: candidate
-    windows, priorities, chosen nodes and their CBV)."""
+    """One JSON line per rollout: text and tokens, model/observation mask, per-token entropy and
+    log-prob of the sampled token (the engine's, 0.0 on observation tokens), reward, token
+    advantages and loss mask, plus the method's own annotations (CBPO: candidate windows,
+    priorities, chosen nodes and their CBV)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         for t, text, (a, m), row, more in zip(trajs, texts, credits, rows, extra):
             f.write(json.dumps({
                 "problem": row["id"], "kind": t.kind, "parent": t.parent, "at": t.at, "reward": t.reward,
                 "text": text, "response_ids": t.response_ids, "model_mask": [int(x) for x in t.model_mask],
-                "entropy": [round(e, 5) for e in t.entropies], "advantage": np.asarray(a).round(6).tolist(),
+                "entropy": [round(e, 5) for e in t.entropies], "logprob": [round(lp, 5) for lp in t.logprobs],
+                "advantage": np.asarray(a).round(6).tolist(),
                 "loss_mask": np.asarray(m).astype(int).tolist(), "tool_calls": t.tool_calls, "finish": t.finish,
                 **more,
             }) + "\n")

@@ -9,9 +9,14 @@ A method is a run folder's name; the folders of one method (seeds) are pooled. O
 - credit on decisions: the share of the |advantage| mass (model tokens under the loss mask)
   on decision tokens, beside those tokens' share of the loss tokens: the two are equal for a
   method whose credit ignores where the decision is (GRPO's is constant along a response);
-- the win rate per step: dumps hold no log-probs, so instead of the decision-token
-  probability this is the fraction of rollouts that sampled their decision themselves (every
-  rollout but a branch that copied it) and took the winning choice;
+- the decision-token probability per step, ``p_win``: over the rollouts that sampled their
+  decision themselves (every rollout but a branch that copied it), the mean probability of
+  the winning choice at the decision's first token, from the sampled token's log-prob ``lp``
+  (the raw policy's, as the engine returned it): ``exp(lp)`` if the rollout took the winning
+  choice, else ``1 - exp(lp)``. Exact where that token chooses between two options (an action
+  tag against the other), an estimate otherwise. Dumps written before log-probs were kept give
+  NaN;
+- the win rate per step: the fraction of those rollouts that took the winning choice;
 - the entropy at decision tokens and at the other model tokens;
 - where CBPO's chosen branch points fall: ``b - d``, ``d`` the parent's first decision token
   (model-token positions; a branch at ``b <= d`` samples the decision anew), beside the same
@@ -40,8 +45,8 @@ from cbpo.data import read_jsonl, read_rows, task_file
 from cbpo.tasks import TASKS, get_task
 from eval.figures import dump_step, figure, save
 
-COLUMNS = ("method", "task", "step", "rollouts", "decisions_sampled", "win_rate", "decision_token_share", "abs_adv_share",
-           "abs_adv_per_decision_token", "abs_adv_per_other_token", "entropy_decision", "entropy_other")
+COLUMNS = ("method", "task", "step", "rollouts", "decisions_sampled", "p_win", "win_rate", "decision_token_share",
+           "abs_adv_share", "abs_adv_per_decision_token", "abs_adv_per_other_token", "entropy_decision", "entropy_other")
 
 
 def span_tokens(tokenizer, ids: Sequence[int], start: int, end: int) -> list[int]:
@@ -96,11 +101,17 @@ def rollout_record(row: dict, tokenizer, decision_spans: Callable, question: str
     mass = np.abs(np.asarray(row["advantage"], dtype=np.float64)) * trained
     entropy = np.asarray(row["entropy"], dtype=np.float64)[mask]
     first = int(np.argmax(on_decision)) if on_decision.any() else None
+    wins = bool(spans) and spans[0]["wins"]
+    p_win = float("nan")
+    if first is not None and "logprob" in row:
+        p_taken = float(np.exp(row["logprob"][np.flatnonzero(mask)[first]]))
+        p_win = p_taken if wins else 1.0 - p_taken
     record = {
         "kind": row["kind"],
         # A branch that starts after the decision copied it from its parent.
         "sampled": row["kind"] != "branch" or first is None or row["at"] <= first,
-        "wins": bool(spans) and spans[0]["wins"],
+        "wins": wins,
+        "p_win": p_win,
         "loss_tokens": int(trained.sum()),
         "decision_tokens": int((trained & on_decision).sum()),
         "mass_decision": float(mass[on_decision].sum()),
@@ -152,6 +163,7 @@ def summarise(df: pd.DataFrame) -> dict:
     return {
         "rollouts": len(df),
         "decisions_sampled": len(sampled),
+        "p_win": sampled["p_win"].mean(),  # NaN (dumps without log-probs) is left out
         "win_rate": _ratio(sampled["wins"].sum(), len(sampled)),
         "decision_token_share": _ratio(df["decision_tokens"].sum(), df["loss_tokens"].sum()),
         "abs_adv_share": _ratio(df["mass_decision"].sum(), df["mass_total"].sum()),
@@ -200,9 +212,13 @@ def plot(table: pd.DataFrame, chosen: dict[str, np.ndarray], out: Path, label: s
     ax_credit.bar(x + 0.2, overall["abs_adv_share"], 0.4, label="their share of |advantage|")
     ax_credit.set(xticks=x, xticklabels=overall["method"], title="(a) credit on decision tokens")
     ax_credit.legend(fontsize="small")
+    # One colour per method and task: the probability solid, the sampled outcome dotted behind it.
     for (method, task), part in table[table["step"] != "all"].groupby(["method", "task"], sort=False):
-        ax_win.plot(part["step"].astype(int), part["win_rate"], marker=".", label=f"{method}, {task}")
-    ax_win.set(xlabel="step", ylabel="rollouts taking the winning choice", ylim=(0, 1), title="(b) win rate")
+        step = part["step"].astype(int)
+        (line,) = ax_win.plot(step, part["p_win"], marker=".", label=f"{method}, {task}")
+        ax_win.plot(step, part["win_rate"], linestyle=":", color=line.get_color(), alpha=0.6)
+    ax_win.set(xlabel="step", ylabel="P(winning choice) at the decision token", ylim=(0, 1),
+               title="(b) p_win (solid), win rate (dotted)")
     ax_win.legend(fontsize="small")
     for method, d in chosen.items():
         ax_dist.hist(d, bins=np.arange(d.min() - 0.5, d.max() + 1.5), alpha=0.6, label=method)
@@ -222,17 +238,27 @@ def write(records: dict[str, list[dict]], out: Path, label: str) -> None:
     table.to_csv(f"{out}.csv", index=False)
     overall = table[table["step"] == "all"].drop(columns="step")
     per_step = table[table["step"] != "all"]
-    wins = per_step.pivot(index="step", columns=["method", "task"], values="win_rate")[list(records)]
-    wins.columns = [f"{method}, {task}" for method, task in wins.columns]
+    without_logprobs = [m for m, part in overall.groupby("method", sort=False) if part["p_win"].isna().all()]
     parts = [
         f"# Credit lab{': ' + label if label else ''}", "",
         "Decision tokens: where each rollout's first action is chosen (cbpo.tasks.forks). abs_adv_share: their "
         "share of the |advantage| mass under the loss mask, beside decision_token_share (their share of the loss "
-        "tokens). win_rate: rollouts that sampled their decision and took the winning choice (the dumps hold no "
-        "log-probs, so no decision-token probability).", "",
-        overall.to_markdown(index=False, floatfmt=".4f"), "",
-        "## Win rate per step", "", wins.to_markdown(floatfmt=".3f"), "",
+        "tokens). p_win: over the rollouts that sampled their decision, the mean probability of the winning "
+        "choice at the decision's first token under the policy (its raw, temperature-1 distribution, whatever the "
+        "sampling temperature), from the sampled token's log-prob lp: exp(lp) after the winning choice, 1 - exp(lp) "
+        "after the losing one; exact when that token chooses between two options, an estimate otherwise. win_rate: "
+        "the share of those rollouts that took the winning choice.", "",
     ]
+    if without_logprobs:
+        parts += [f"The dumps of {', '.join(without_logprobs)} hold no log-probs (written before they were kept): "
+                  "p_win is NaN there.", ""]
+    parts += [overall.to_markdown(index=False, floatfmt=".4f"), ""]
+    for title, column in (("Decision-token probability (p_win) per step", "p_win"), ("Win rate per step", "win_rate")):
+        if per_step[column].isna().all():
+            continue
+        steps = per_step.pivot(index="step", columns=["method", "task"], values=column)[list(records)]
+        steps.columns = [f"{method}, {task}" for method, task in steps.columns]
+        parts += [f"## {title}", "", steps.to_markdown(floatfmt=".3f"), ""]
     if chosen:
         parts += ["## Chosen branch points relative to the decision (b - d, model tokens)", "",
                   distance_table(chosen, distances(records, "candidates")).to_markdown(index=False, floatfmt=".3f"), ""]

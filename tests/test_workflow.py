@@ -308,6 +308,7 @@ def test_slurm_jobs_ask_for_their_gpus_cpus_memory_and_time(tmp_path):
         assert f"--gpus={gpus}" in line and f"--cpus-per-gpu={cpus}" in line, line
         assert f"--mem {mem}" in line and f"-t {minutes}" in line, line
         assert "-A acct" in line and "-p gpu-a100" in line, line
+        assert "--ntasks-per-gpu" not in line, line  # one task per job, whichever plugin version
 
 
 # ---------------------------------------------------------------------------------------------

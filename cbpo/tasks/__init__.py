@@ -15,7 +15,7 @@ TASKS = {
     "twohop": "cbpo.tasks.twohop",
     # Fork tasks (cbpo.tasks.forks): rows also carry ``decisions``; generate takes ``p_lose``.
     "arith_fork": "cbpo.tasks.arith_fork",
-    "twohop_fork": "cbpo.tasks.twohop_fork",
+    "search_fork": "cbpo.tasks.search_fork",
 }
 
 

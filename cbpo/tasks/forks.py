@@ -1,4 +1,4 @@
-"""Decision forks, shared by the fork tasks ``arith_fork`` and ``twohop_fork`` (issue #14).
+"""Decision forks, shared by the fork tasks ``arith_fork`` and ``search_fork`` (issue #14).
 
 A fork task's success hinges on one known choice: the response's first action. Its SFT traces
 take the losing choice for a set share ``p_lose`` of the rows (``task_options`` of

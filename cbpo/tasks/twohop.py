@@ -23,7 +23,7 @@ import random
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 from bm25s.stopwords import STOPWORDS_EN
 
@@ -177,18 +177,20 @@ def _row(seed: int, chain: Chain, start: str, w: World, tool: SearchTool) -> dic
             "answer": answer, "domain": "search", "trace": trace}
 
 
-def generate(seed: int, n_train: int, n_test: int, k: int = 3) -> dict[str, list[dict]]:
-    """``{"train": rows, "test": rows}`` over ``corpus(seed)``; traces observe bm25 top-``k``.
+def split_questions(seed: int, n_train: int, n_test: int, chains: Sequence = CHAINS) -> dict[str, list[tuple]]:
+    """``{"train": pairs, "test": pairs}`` of (chain, start entity) over ``world(seed)``; a
+    chain is any question template with ``starts(world)``.
 
     Start entities are shuffled and assigned to the test split until it holds ``n_test``
-    questions, the rest to train, so no start entity is shared between the splits.
+    questions, the rest to train, so no start entity is shared between the splits and the
+    test split does not depend on ``n_train``.
     """
     if n_train < 0 or n_test < 0:
         raise ValueError(f"split sizes must be >= 0, got n_train={n_train}, n_test={n_test}")
     w = world(seed)
     rng = random.Random(f"twohop-split-{seed}")
     by_start: dict[str, list[Chain]] = {}
-    for chain in CHAINS:
+    for chain in chains:
         for start in chain.starts(w):
             by_start.setdefault(start, []).append(chain)
     starts = list(by_start)
@@ -202,7 +204,12 @@ def generate(seed: int, n_train: int, n_test: int, k: int = 3) -> dict[str, list
                          f"n_train={n_train} + n_test={n_test} with disjoint start entities")
     test = test[:n_test]  # surplus questions of the last test entity are dropped, not moved
     rng.shuffle(test)
-    train = rng.sample(train, n_train)
-    tool = search_tool(seed, k)
+    return {"train": rng.sample(train, n_train), "test": test}
+
+
+def generate(seed: int, n_train: int, n_test: int, k: int = 3) -> dict[str, list[dict]]:
+    """``{"train": rows, "test": rows}`` over ``corpus(seed)`` (``split_questions``); traces
+    observe bm25 top-``k``."""
+    w, tool = world(seed), search_tool(seed, k)
     return {split: [_row(seed, chain, start, w, tool) for chain, start in pairs]
-            for split, pairs in (("train", train), ("test", test))}
+            for split, pairs in split_questions(seed, n_train, n_test).items()}

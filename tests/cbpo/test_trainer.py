@@ -246,3 +246,31 @@ def test_rollouts_are_dumped_every_kth_step_and_at_the_last(model, tokenizer, tm
     assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == ["step_000002.jsonl", "step_000004.jsonl", "step_000005.jsonl"]
     with pytest.raises(ValueError, match="dump_every"):
         RLConfig(dump_every=0)
+
+
+def test_dumped_rollouts_keep_the_engines_logprobs_aligned_with_the_tokens(model, tokenizer, tmp_path, monkeypatch):
+    # The credit lab reads the decision-token probability from these log-probs.
+    import cbpo.trainer as trainer
+    from cbpo.registry import get_method
+    from cbpo.rollout.agent import AgentConfig
+
+    sampled = []
+
+    def update(model, ref_model, opt, trajs, credits, cfg, objective, pad_id, dtype):
+        sampled.extend(trajs)
+        return {"loss": 0.0}
+
+    monkeypatch.setattr(trainer, "policy_update", update)
+    rows = [{"id": "a", "question": "What is 1 plus 2?", "answer": "3", "domain": "math"}]
+    cfg = RLConfig(steps=1, problems_per_step=1, dump_rollouts=True, agent=AgentConfig(max_new_tokens=6, max_total_tokens=8))
+    method = get_method("grpo")(vocab_size=len(tokenizer), budget=2)
+    trainer.rl_train(model, tokenizer, method, rows, {}, lambda texts, rows: [0.0] * len(texts), cfg, tmp_path,
+                     trainer.MetricsLog(tmp_path / "m.jsonl"), None)
+    dumped = [json.loads(line) for line in (tmp_path / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    assert len(dumped) == len(sampled) == 2
+    for row, t in zip(dumped, sampled):
+        assert row["response_ids"] == t.response_ids
+        assert len(row["logprob"]) == len(row["response_ids"]) == len(row["entropy"])
+        model_lp = [lp for lp, m in zip(row["logprob"], row["model_mask"]) if m]
+        assert model_lp == pytest.approx(np.asarray(t.logprobs)[t.model_positions()], abs=1e-5)
+        assert all(lp < 0 for lp in model_lp)

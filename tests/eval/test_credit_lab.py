@@ -9,14 +9,14 @@ import pytest
 from cbpo.chat import split_observations
 from cbpo.data import task_file, write_jsonl
 from cbpo.models import train_tokenizer
-from cbpo.tasks import arith_fork, twohop_fork
+from cbpo.tasks import arith_fork, search_fork
 from eval import credit_lab
 
 
 @pytest.fixture(scope="module")
 def data():
     return {"arith_fork": arith_fork.generate(0, 8, 2, p_lose=0.5)["train"],
-            "twohop_fork": twohop_fork.generate(0, 8, 3, p_lose=0.5)["train"]}
+            "search_fork": search_fork.generate(0, 8, 3, p_lose=0.5)["train"]}
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +33,16 @@ def pick(rows, wins):
     return next(r for r in rows if r["decisions"][0]["wins"] == wins)
 
 
-def dump_row(tok, row, advantage, decision, **more):
+def decision_at(tok, row):
+    """The model-token index of a trace's decision: an atomic action tag before any observation."""
+    return len(encode(tok, row["trace"][: row["decisions"][0]["start"]]))
+
+
+def dump_row(tok, row, advantage, decision, p_taken=None, **more):
     """A rollout as the trainer dumps it; ``decision``: its decision's model-token indices,
-    which get entropy 2.0 (other model tokens 1.0)."""
+    which get entropy 2.0 (other model tokens 1.0). With ``p_taken``, the dump holds log-probs:
+    log(p_taken) at the decision's first token, log(0.5) at the other model tokens (older dumps
+    hold none)."""
     ids, mask = [], []
     for text, is_model in split_observations(row["trace"]):
         piece = encode(tok, text)
@@ -45,6 +52,10 @@ def dump_row(tok, row, advantage, decision, **more):
     model_entropy = np.where(np.isin(np.arange(n), decision), 2.0, 1.0)
     entropy = np.zeros(len(ids))
     entropy[np.flatnonzero(mask)] = model_entropy
+    if p_taken is not None:
+        logprob = np.zeros(len(ids))
+        logprob[np.flatnonzero(mask)] = np.where(np.arange(n) == decision[0], np.log(p_taken), np.log(0.5))
+        more["logprob"] = logprob.tolist()
     return {"problem": row["id"], "kind": "parent", "parent": None, "at": None, "reward": 0.0, "text": row["trace"],
             "response_ids": ids, "model_mask": mask, "entropy": entropy.tolist(), "advantage": list(advantage(n)),
             "loss_mask": [1] * n, "tool_calls": 0, "finish": "answer", **more}
@@ -60,20 +71,32 @@ def test_span_tokens_match_the_tokenizers_own_offsets(tok):
         assert credit_lab.span_tokens(tok, ids, start, end) == expected, (start, end, text[start:end])
 
 
-def test_decision_tokens_of_a_query_and_of_an_action_tag(tok, data):
-    good = pick(data["twohop_fork"], True)
-    subject, _ = twohop_fork.question_names(good["question"])
-    name = encode(tok, subject)
-    row = dump_row(tok, good, lambda n: np.ones(n), decision=range(1, 1 + len(name)))
-    record = credit_lab.rollout_record(row, tok, twohop_fork.decision_spans, good["question"])
-    # <search> is one token; the subject's tokens follow it.
-    assert record["decision_tokens"] == len(name) == record["entropy_decision_n"]
-    assert record["entropy_decision_sum"] == 2.0 * len(name) and record["wins"] and record["sampled"]
+def test_decision_tokens_are_the_first_action_tag(tok, data):
+    good = pick(data["search_fork"], True)
+    row = dump_row(tok, good, lambda n: np.ones(n), decision=[decision_at(tok, good)])
+    record = credit_lab.rollout_record(row, tok, search_fork.decision_spans, good["question"])
+    assert record["decision_tokens"] == 1 == record["entropy_decision_n"]
+    assert record["entropy_decision_sum"] == 2.0 and record["wins"] and record["sampled"]
     losing = pick(data["arith_fork"], False)
-    at = len(encode(tok, losing["trace"][: losing["decisions"][0]["start"]]))
+    at = decision_at(tok, losing)
     row = dump_row(tok, losing, lambda n: np.arange(n, dtype=float), decision=[at])
     record = credit_lab.rollout_record(row, tok, arith_fork.decision_spans, losing["question"])
     assert record["decision_tokens"] == 1 and record["mass_decision"] == at and not record["wins"]
+
+
+def test_p_win_is_the_winning_choices_probability_at_the_first_decision_token(tok, data):
+    tool, direct = pick(data["arith_fork"], True), pick(data["arith_fork"], False)
+    at_tool, at_direct = decision_at(tok, tool), decision_at(tok, direct)
+
+    def p_win(row, at, **p_taken):
+        record = credit_lab.rollout_record(dump_row(tok, row, np.ones, [at], **p_taken), tok, arith_fork.decision_spans,
+                                           row["question"])
+        return record["p_win"]
+
+    # Winning: the sampled token's own probability; losing: what the other choice had left.
+    assert p_win(tool, at_tool, p_taken=0.7) == pytest.approx(0.7)
+    assert p_win(direct, at_direct, p_taken=0.2) == pytest.approx(0.8)
+    assert np.isnan(p_win(tool, at_tool))
 
 
 @pytest.fixture()
@@ -82,36 +105,36 @@ def lab(tmp_path, tok, data):
     data_dir = tmp_path / "data"
     for task, rows in data.items():
         write_jsonl(task_file(data_dir, task, "train"), rows)
-    good, misled = pick(data["twohop_fork"], True), pick(data["twohop_fork"], False)
+    good, misled = pick(data["search_fork"], True), pick(data["search_fork"], False)
     direct, tool = pick(data["arith_fork"], False), pick(data["arith_fork"], True)
-    n_good = len(encode(tok, twohop_fork.question_names(good["question"])[0]))
-    n_misled = len(encode(tok, twohop_fork.question_names(misled["question"])[1]))
-    at_direct = len(encode(tok, direct["trace"][: direct["decisions"][0]["start"]]))
-    at_tool = len(encode(tok, tool["trace"][: tool["decisions"][0]["start"]]))
+    at = {name: decision_at(tok, row) for name, row in (("good", good), ("misled", misled), ("direct", direct), ("tool", tool))}
     runs = {}
     for method in ("grpo", "cbpo"):
         run = runs[method] = tmp_path / "runs" / method
         tok.save_pretrained(run / "final")
         (run / "rollouts").mkdir()
-    # GRPO: one advantage per response. Step 1: a good query (A = +1) and a direct answer
+    # GRPO: one advantage per response. Step 1: a look-up (A = +1) and a direct answer
     # (A = -0.5); step 2: a tool call (A = +2).
-    steps = {1: [dump_row(tok, good, lambda n: np.full(n, 1.0), range(1, 1 + n_good)),
-                 dump_row(tok, direct, lambda n: np.full(n, -0.5), [at_direct])],
-             2: [dump_row(tok, tool, lambda n: np.full(n, 2.0), [at_tool])]}
+    steps = {1: [dump_row(tok, good, lambda n: np.full(n, 1.0), [at["good"]]),
+                 dump_row(tok, direct, lambda n: np.full(n, -0.5), [at["direct"]])],
+             2: [dump_row(tok, tool, lambda n: np.full(n, 2.0), [at["tool"]])]}
     for step, rows in steps.items():
         write_jsonl(run_dump(runs["grpo"], step), rows)
-    # CBPO: a misled parent with A = 3 on its decision tokens and 1 elsewhere, branch points at
-    # model tokens 0 and 5 (the decision starts at 1), and a branch from 5 that copied the
-    # decision (its prefix has no loss); a non-dump file is ignored.
-    def parent_adv(n):
-        return np.where(np.isin(np.arange(n), range(1, 1 + n_misled)), 3.0, 1.0)
+    # CBPO (dumped with log-probs, GRPO without): a parent that trusted the claim, sampling that
+    # choice at probability 0.2, with A = 3 on its decision token d and 1 elsewhere, branch
+    # points at d - 1 and d + 4, and a branch from d + 4 that copied the decision (its prefix
+    # has no loss); a non-dump file is ignored.
+    d = at["misled"]
 
-    parent = dump_row(tok, misled, parent_adv, range(1, 1 + n_misled), candidates=[0, 3, 5], chosen=[0, 5])
-    branch = dump_row(tok, misled, lambda n: np.full(n, -1.0), range(1, 1 + n_misled), kind="branch", parent=0, at=5)
-    branch["loss_mask"] = [0] * 5 + [1] * (len(branch["loss_mask"]) - 5)
+    def parent_adv(n):
+        return np.where(np.arange(n) == d, 3.0, 1.0)
+
+    parent = dump_row(tok, misled, parent_adv, [d], 0.2, candidates=[d - 1, d + 2, d + 4], chosen=[d - 1, d + 4])
+    branch = dump_row(tok, misled, lambda n: np.full(n, -1.0), [d], 0.9, kind="branch", parent=0, at=d + 4)
+    branch["loss_mask"] = [0] * (d + 4) + [1] * (len(branch["loss_mask"]) - d - 4)
     write_jsonl(run_dump(runs["cbpo"], 1), [parent, branch])
     (runs["cbpo"] / "rollouts" / "notes.txt").write_text("not a dump")
-    return {"runs": runs, "data_dir": data_dir, "n_good": n_good, "n_misled": n_misled,
+    return {"runs": runs, "data_dir": data_dir, "branch_at": d + 4,
             "lengths": {k: sum(r["model_mask"]) for k, r in (("good", steps[1][0]), ("direct", steps[1][1]),
                                                              ("tool", steps[2][0]), ("misled", parent))}}
 
@@ -127,24 +150,39 @@ def test_credit_shares_win_rates_and_branch_distances(lab, tmp_path):
     for suffix in (".md", ".csv", ".png", ".pdf"):
         assert (tmp_path / "lab" / f"credit{suffix}").stat().st_size > 0
     table = pd.read_csv(f"{out}.csv", dtype={"step": str}).set_index(["method", "task", "step"])
-    L, g, m = lab["lengths"], lab["n_good"], lab["n_misled"]
+    L = lab["lengths"]
     grpo = table.loc[("grpo", "all", "all")]
-    assert grpo["decision_token_share"] == pytest.approx((g + 2) / (L["good"] + L["direct"] + L["tool"]))
-    assert grpo["abs_adv_share"] == pytest.approx((g + 0.5 + 2) / (L["good"] + 0.5 * L["direct"] + 2 * L["tool"]))
+    assert grpo["decision_token_share"] == pytest.approx(3 / (L["good"] + L["direct"] + L["tool"]))
+    assert grpo["abs_adv_share"] == pytest.approx((1 + 0.5 + 2) / (L["good"] + 0.5 * L["direct"] + 2 * L["tool"]))
     wins = table["win_rate"]
-    assert (wins["grpo", "twohop_fork", "1"], wins["grpo", "arith_fork", "1"], wins["grpo", "arith_fork", "2"]) == (1, 0, 1)
+    assert (wins["grpo", "search_fork", "1"], wins["grpo", "arith_fork", "1"], wins["grpo", "arith_fork", "2"]) == (1, 0, 1)
     assert (wins["grpo", "arith_fork", "all"], wins["grpo", "all", "all"]) == (0.5, pytest.approx(2 / 3))
     assert grpo["entropy_decision"] == 2.0 and grpo["entropy_other"] == 1.0
     cbpo = table.loc[("cbpo", "all", "all")]
     # The branch's loss tokens start after the decision: it adds mass and tokens, none on it.
-    branch_tokens = L["misled"] - 5
-    assert cbpo["abs_adv_share"] == pytest.approx(3 * m / (3 * m + (L["misled"] - m) + branch_tokens))
-    assert cbpo["decision_token_share"] == pytest.approx(m / (L["misled"] + branch_tokens))
+    branch_tokens = L["misled"] - lab["branch_at"]
+    assert cbpo["abs_adv_share"] == pytest.approx(3 / (3 + (L["misled"] - 1) + branch_tokens))
+    assert cbpo["decision_token_share"] == pytest.approx(1 / (L["misled"] + branch_tokens))
     assert cbpo["abs_adv_per_decision_token"] == pytest.approx(3.0)
     assert (cbpo["rollouts"], cbpo["decisions_sampled"], cbpo["win_rate"]) == (2, 1, 0.0)
+    # Only the parent sampled its decision; GRPO's dumps predate log-probs.
+    assert cbpo["p_win"] == pytest.approx(0.8) and table["p_win"]["cbpo", "search_fork", "1"] == pytest.approx(0.8)
+    assert table["p_win"][table.index.get_level_values("method") == "grpo"].isna().all()
     md = " ".join((tmp_path / "lab" / "credit.md").read_text().split())
     # b - d of the chosen points (-1, 4) and of the candidates (-1, 2, 4); GRPO has none.
     assert "| cbpo | 2 | 0.500 | 0.000 | 1.500 | 3 | 0.333 |" in md and "| grpo | 0 |" not in md
+    assert "The dumps of grpo hold no log-probs" in md and "| 1 | nan | nan | 0.800 |" in md
+
+
+def test_dumps_without_logprobs_still_write_every_output(lab, tmp_path):
+    out = tmp_path / "old" / "credit"
+    argv = ["--runs", str(lab["runs"]["grpo"]), "--out", str(out), "--data-dir", str(lab["data_dir"])]
+    assert credit_lab.main(argv) == 0
+    for suffix in (".md", ".csv", ".png", ".pdf"):
+        assert (tmp_path / "old" / f"credit{suffix}").stat().st_size > 0
+    assert pd.read_csv(f"{out}.csv")["p_win"].isna().all()
+    md = (tmp_path / "old" / "credit.md").read_text()
+    assert "The dumps of grpo hold no log-probs" in md and "p_win) per step" not in md and "## Win rate per step" in md
 
 
 def test_a_run_without_dumps_exits_2_naming_it(lab, tmp_path, capsys):

@@ -42,6 +42,7 @@ class VerlConfig:
 VERL_ESTIMATORS = {"grpo": "grpo", "gspo": "grpo", "dapo": "grpo", "reinforce_pp": "reinforce_plus_plus_baseline"}
 SUITE_CREDIT = "cbpo_suite_credit"
 AGENT_LOOP = "cbpo_group"  # the M calls of a problem share its group (agent_loop.GroupRollouts)
+AGENT_LOOPS = "agent_loops.yaml"  # in verl's run folder: registers AGENT_LOOP in every agent-loop worker
 AGENT_WORKERS = 8  # verl's default number of agent-loop workers, at most
 
 
@@ -82,6 +83,8 @@ def overrides(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files
                 "use_kl_loss": objective.beta > 0, "kl_loss_coef": objective.beta, "kl_loss_type": objective.kl_estimator,
                 "grad_clip": rl.max_grad_norm,
                 "optim": {"lr": rl.lr, "weight_decay": rl.weight_decay},
+                # hf_model: every checkpoint also holds plain weights, which become the run's final/
+                "checkpoint": {"save_contents": ["model", "optimizer", "extra", "hf_model"]},
             },
             "rollout": {
                 "name": "vllm", "mode": "async", "n": budget,
@@ -94,7 +97,8 @@ def overrides(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files
                 "multi_turn": {"enable": True, "max_assistant_turns": agent.max_tool_calls + 1},
                 # verl cuts the batch into num_workers contiguous chunks; a divisor of the problem
                 # count keeps each problem's M rows, one group, in one worker
-                "agent": {"default_agent_loop": AGENT_LOOP, "num_workers": math.gcd(AGENT_WORKERS, rl.problems_per_step)},
+                "agent": {"default_agent_loop": AGENT_LOOP, "num_workers": math.gcd(AGENT_WORKERS, rl.problems_per_step),
+                          "agent_loop_config_path": str(out / "verl" / AGENT_LOOPS)},
             },
             "ref": {"log_prob_micro_batch_size_per_gpu": verl_cfg.micro_batch_per_gpu},
         },
@@ -106,6 +110,9 @@ def overrides(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files
             "default_local_dir": str(out / "verl"), "resume_mode": "auto",
             "logger": ["console"], "project_name": cfg.wandb.project, "experiment_name": str(cfg.run_name),
             "val_before_train": False, "test_freq": -1,
+            # the suite's trainer subclasses the v0 RayPPOTrainer: its batch is a DataProto that carries
+            # the agent loop's per-rollout fields to the advantage step (v1 keeps them in TransferQueue)
+            "use_v1": False, "max_actor_ckpt_to_keep": 1,  # as the local trainer, the newest checkpoint only
         },
     }
 

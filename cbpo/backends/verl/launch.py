@@ -1,10 +1,19 @@
 """``python -m cbpo.train backend=verl ...``: the RL stage on verl. GPU only: on a machine
 without CUDA GPUs, vLLM or Ray it stops before writing anything, naming what is missing,
 rather than fall back to another trainer. ``verl.dry_run=true`` prints the generated verl
-config, validated by verl itself, on any machine."""
+config, validated by verl itself, on any machine.
+
+The launch keeps the local backend's run folder (one writer, ``run_key.json``, provenance),
+writes what verl's processes read (``verl/``: the rows as verl's dataset, the run's config, the
+agent-loop registration) and hands the config to verl's own ``run_ppo`` (``ray.init`` with its
+runtime env, then a task runner) with the suite's task runner (``trainer.py``). Past the GPU
+check nothing here has run yet: it needs Ray, CUDA and vLLM.
+"""
 from __future__ import annotations
 
 import importlib.util
+import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -20,20 +29,95 @@ def missing_gpu_stack() -> list[str]:
     return lacks + [f"{m} is not installed" for m in ("vllm", "ray") if importlib.util.find_spec(m) is None]
 
 
+def unsupported(method) -> str | None:
+    """Why the verl backend cannot train ``method``; None when it can."""
+    from cbpo import registry
+
+    if hasattr(method, "setup"):
+        return "needs the policy model in its own steps, which verl keeps in its workers"
+    if registry.prompt_pool(method) > 1:
+        return ("chooses among more problems than it trains on (DAPO's dynamic sampling: method.filter_groups=false "
+                "turns it off), but verl's agent loop gives the method one problem at a time")
+    return None
+
+
 def run_verl(cfg: DictConfig, out: Path) -> None:
     if cfg.stage != "rl":
         raise ValueError("backend=verl runs the RL stage; SFT runs on backend=local (device=cuda for one GPU)")
+    out = Path(out).absolute()  # verl's workers on other nodes do not share this process's directory
     verl_cfg = settings(cfg, "verl")
     generated = verl_config.build(cfg, method_config(cfg), settings(cfg, "rl"), verl_cfg,
                                   str(out / "verl" / "train.parquet"), out)
     if verl_cfg.dry_run:
         print(OmegaConf.to_yaml(generated))
         return
+    from cbpo.train import build_method
+
+    why = unsupported(build_method(cfg, vocab_size=None))
+    if why:
+        raise ValueError(f"method={cfg.method.name} {why}; train it with backend=local")
     lacks = missing_gpu_stack()
     if lacks:
         raise RuntimeError(f"backend=verl needs the GPU environment (environment.yml): {'; '.join(lacks)}. "
                            "On this machine use backend=local, or verl.dry_run=true to check the generated config")
-    raise NotImplementedError(
-        "backend=verl: the grouped agent loop (cbpo_group: one call per problem through verl's vLLM server, "
-        "exact-prefix branches, the suite's tools) and the trainer subclass that calls cbpo.backends.verl.credit "
-        "are not written yet (issue 12); the generated config is checked (verl.dry_run=true)")
+    from verl.trainer.main_ppo import run_ppo
+
+    from cbpo.backends.verl.trainer import SuiteTaskRunner
+    from cbpo.data import load_split
+
+    rows = load_split(cfg.data, cfg.paths.data_dir, "train")
+    writer = claim_run(cfg, out, rows)
+    if writer is None:
+        return
+    with writer:
+        write_inputs(cfg, generated, rows)
+        run_ppo(generated, task_runner_class=SuiteTaskRunner)
+    print(f"wrote {out / 'final'}")
+
+
+def claim_run(cfg: DictConfig, out: Path, rows):
+    """The run folder as ``cbpo.train`` keeps it for the local backend: None when the run is
+    finished, else this process's writer lock, with stale outputs of other settings gone and
+    provenance written."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from cbpo.provenance import write_provenance
+    from cbpo.runs import DONE, WriterLock
+    from cbpo.train import _forget_stale_run, run_identity
+
+    init = Path(cfg.init)
+    if not (init / DONE).is_file():
+        raise FileNotFoundError(f"RL starts from {init}, which is not a finished checkpoint (run stage=sft first)")
+    identity = run_identity(cfg, rows, init)
+    if (out / "final" / DONE).is_file():
+        _forget_stale_run(out, identity)  # refuses a finished run of other settings
+        print(f"already finished: {out / 'final'}")
+        return None
+    writer = WriterLock(out)
+    key = out / "run_key.json"
+    if key.is_file() and json.loads(key.read_text()) != identity:
+        shutil.rmtree(out / "verl", ignore_errors=True)  # verl resumes any checkpoint it finds there
+    _forget_stale_run(out, identity)
+    write_provenance(out, cfg, HydraConfig.get().overrides.task)
+    return writer
+
+
+def write_inputs(cfg: DictConfig, generated: DictConfig, rows) -> None:
+    """What verl's processes read: the training rows as verl's dataset (``prompt`` in chat
+    form for its length filter; the suite's row, as JSON, in ``extra_info``), the run's config
+    for the task runner and the agent-loop workers, and the file that registers ``cbpo_group``
+    in every agent-loop worker (verl's ``agent_loop_config_path``)."""
+    import pandas as pd
+
+    from cbpo.backends.verl.trainer import SUITE_CONFIG, GroupAgentLoop
+    from cbpo.chat import messages, resolve_system_prompt
+
+    verl_dir = Path(generated.trainer.default_local_dir)
+    verl_dir.mkdir(parents=True, exist_ok=True)
+    system_prompt = resolve_system_prompt(cfg.system_prompt)
+    pd.DataFrame([{"prompt": messages(r["question"], system_prompt), "data_source": r.get("domain", ""),
+                   "extra_info": {"index": i, "row": json.dumps(r)}} for i, r in enumerate(rows)]
+                 ).to_parquet(generated.data.train_files)
+    OmegaConf.save(cfg, verl_dir / SUITE_CONFIG, resolve=True)
+    loop = {"name": verl_config.AGENT_LOOP, "_target_": f"{GroupAgentLoop.__module__}.{GroupAgentLoop.__qualname__}"}
+    OmegaConf.save(OmegaConf.create([loop]), generated.actor_rollout_ref.rollout.agent.agent_loop_config_path)

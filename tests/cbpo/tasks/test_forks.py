@@ -8,10 +8,10 @@ import yaml
 
 from cbpo.chat import format_observation
 from cbpo.data import generate_task, read_rows
-from cbpo.tasks import arith_fork, get_task, twohop, twohop_fork
+from cbpo.tasks import arith_fork, get_task, twohop, search_fork
 from eval.extract import extract_answer
 
-FORKS = (arith_fork, twohop_fork)
+FORKS = (arith_fork, search_fork)
 CONFIG = yaml.safe_load((Path(__file__).resolve().parents[3] / "configs" / "data" / "forks.yaml").read_text())
 
 
@@ -25,7 +25,7 @@ def rows(splits):
 
 
 def test_the_forks_config_names_both_domains_and_a_losing_share():
-    assert CONFIG["tasks"] == ["arith_fork", "twohop_fork"] and 0 < CONFIG["task_options"]["p_lose"] < 1
+    assert CONFIG["tasks"] == ["arith_fork", "search_fork"] and 0 < CONFIG["task_options"]["p_lose"] < 1
     assert [get_task(name) for name in CONFIG["tasks"]] == list(FORKS)
     assert {get_task(name).generate(0, 4, 2)["train"][0]["domain"] for name in CONFIG["tasks"]} == {"math", "search"}
 
@@ -54,10 +54,22 @@ def test_splits_are_disjoint_and_ids_unique(task, splits):
     assert len(set(ids)) == len(ids) and all(i.startswith(f"{task.__name__.split('.')[-1]}-") for i in ids)
 
 
-def test_twohop_fork_subjects_are_disjoint_between_splits(splits):
-    subject = {split: {twohop_fork.question_names(r["question"])[0] for r in splits[twohop_fork][split]}
-               for split in ("train", "test")}
-    assert not subject["train"] & subject["test"]
+def start_of(row):
+    """The entity a search_fork question asks about (its id ends with it)."""
+    return row["id"].rsplit("-", 1)[1]
+
+
+def test_search_fork_questions_ask_one_hop_with_a_wrong_claim_and_splits_share_no_entity(splits):
+    w = twohop.world(0)
+    templates = {hop.name: hop for hop in search_fork.HOPS}
+    for split in ("train", "test"):
+        for row in splits[search_fork][split]:
+            hop = templates[row["id"].split("-")[2]]
+            question, claim = row["question"].split(" A forum post says the answer is ")
+            assert question == hop.question.format(start=start_of(row)) and row["answer"] == hop.answer(w, start_of(row))
+            assert claim.endswith(".") and claim[:-1] != row["answer"]
+            assert claim[:-1] in {hop.answer(w, s) for s in hop.starts(w)}  # a real answer of another entity
+    assert not {start_of(r) for r in splits[search_fork]["train"]} & {start_of(r) for r in splits[search_fork]["test"]}
 
 
 def test_every_trace_is_annotated_and_decision_spans_recovers_it(splits):
@@ -69,10 +81,8 @@ def test_every_trace_is_annotated_and_decision_spans_recovers_it(splits):
         if task is arith_fork:
             assert (chosen, d["kind"]) in {("<python>", "call_tool"), ("<answer>", "answer_directly")}
         else:
-            subject, asker = twohop_fork.question_names(row["question"])
-            assert (chosen, d["kind"]) in {(subject, "good_query"), (asker, "misleading_query")}
-            assert subject != asker and row["question"].startswith(f"Asked by {asker}: ")
-        assert d["wins"] == (d["kind"] in ("call_tool", "good_query"))
+            assert (chosen, d["kind"]) in {("<search>", "look_up"), ("<answer>", "trust_claim")}
+        assert d["wins"] == (d["kind"] in ("call_tool", "look_up"))
 
 
 @pytest.mark.parametrize("task", FORKS, ids=lambda t: t.__name__)
@@ -105,41 +115,31 @@ def test_arith_fork_traces_are_arith_traces_or_a_direct_estimate(splits):
             assert match and int(match[1]) % 10 == 0 and abs(int(match[1]) - int(row["answer"])) <= 10
 
 
-def test_twohop_fork_traces_replay_the_search_environment(splits):
+def test_search_fork_traces_replay_the_search_environment_or_trust_the_claim_after_the_same_plan(splits):
     tool = twohop.search_tool(0, k=3)
-    trace = re.compile(r"<search>(?P<q1>\w+)</search>(?P<r1><result>.*?</result>)<think>[^<]+</think>"
-                       r"<search>(?P<q2>\w+)</search>(?P<r2><result>.*?</result>)"
-                       r"<answer>The answer is \\boxed\{\w+\}</answer>", re.DOTALL)
-    for row in splits[twohop_fork]["train"][:30]:
-        match = trace.fullmatch(row["trace"])
-        assert match, row["trace"]
-        assert match["r1"] == format_observation(tool(match["q1"]))
-        assert match["r2"] == format_observation(tool(match["q2"]))
+    looked_up = re.compile(r"(?P<plan><think>[^<]+</think>)<search>(?P<query>\w+)</search>(?P<obs><result>.*?</result>)"
+                           r"<answer>The answer is \\boxed\{(?P<boxed>\w+)\}</answer>", re.DOTALL)
+    trusted = re.compile(r"(?P<plan><think>[^<]+</think>)<answer>The answer is \\boxed\{(?P<boxed>\w+)\}</answer>")
+    for row in splits[search_fork]["train"][:60]:
+        claim = row["question"].rsplit(" ", 1)[-1].rstrip(".")
+        if row["decisions"][0]["wins"]:
+            match = looked_up.fullmatch(row["trace"])
+            assert match and match["query"] == start_of(row) and match["boxed"] == row["answer"], row["trace"]
+            assert match["obs"] == format_observation(tool(start_of(row))) and row["answer"] in match["obs"]
+        else:
+            match = trusted.fullmatch(row["trace"])
+            assert match and match["boxed"] == claim, row["trace"]
+        assert start_of(row) in match["plan"]
 
 
 @pytest.mark.parametrize(("response", "expected"), [
-    ("<think>plan</think><python>print(1)</python>", [{"start": 19, "end": 27, "kind": "call_tool", "wins": True}]),
-    ("<answer>The answer is \\boxed{3}</answer>", [{"start": 0, "end": 8, "kind": "answer_directly", "wins": False}]),
-    ("<think>plan</think><search>x</search>", [{"start": 19, "end": 27, "kind": "wrong_tool", "wins": False}]),
+    ("<think>plan</think><search>Bire</search>", [{"start": 19, "end": 27, "kind": "look_up", "wins": True}]),
+    ("<think>plan</think><answer>\\boxed{Xan}</answer>", [{"start": 19, "end": 27, "kind": "trust_claim", "wins": False}]),
+    ("<python>1</python>", [{"start": 0, "end": 8, "kind": "wrong_tool", "wins": False}]),
     ("<think>a plan cut by the token cap", []),
 ])
-def test_arith_fork_decision_spans_of_model_responses(response, expected):
-    assert arith_fork.decision_spans(response) == expected
-
-
-def test_twohop_fork_decision_spans_of_model_responses():
-    question = "Asked by Kovi: Who is the mayor of the city where Bire was born?"
-    assert twohop_fork.question_names(question) == ("Bire", "Kovi")
-    spans = twohop_fork.decision_spans
-    assert spans("<think>hm</think><search>Kovi</search><result>\nPage 1: Kovi\n</result>", question) == [
-        {"start": 25, "end": 29, "kind": "misleading_query", "wins": False}]
-    assert spans("<search>Bire</search><search>Kovi</search>", question)[0]["kind"] == "good_query"
-    # A query the token cap cut runs to the end of the response.
-    assert spans("<search>Bi", question) == [{"start": 8, "end": 10, "kind": "other_query", "wins": False}]
-    assert spans("<answer>\\boxed{Xan}</answer>", question)[0]["kind"] == "answer_directly"
-    assert spans("<python>1</python>", question)[0]["kind"] == "wrong_tool"
-    with pytest.raises(ValueError, match="twohop_fork question"):
-        spans("<search>Bire</search>", "Who is the mayor of the city where Bire was born?")
+def test_search_fork_decision_spans_of_model_responses(response, expected):
+    assert search_fork.decision_spans(response, "Who is the mayor of the city where Bire was born?") == expected
 
 
 def test_data_step_passes_the_configs_task_options(tmp_path):

@@ -1,0 +1,205 @@
+"""verl's side of ``backend=verl``: the classes verl's Ray processes build. ``SuiteTaskRunner``
+(verl's task runner, with the suite's trainer), ``SuiteTrainer`` (verl's ``RayPPOTrainer`` with
+the suite's credit and run layout) and ``GroupAgentLoop`` (the agent loop registered as
+``cbpo_group``). Imports verl and Ray: only the launch and verl's workers load this module.
+
+Written against verl 0.9.1's source and tested on CPU up to the Ray boundary (the advantage
+step, the metrics line, the final checkpoint, the agent loop's registration and outputs); the
+task runner, the worker groups and vLLM only run on a GPU cluster and have not run yet.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from unittest.mock import patch
+
+import numpy as np
+import ray
+from omegaconf import OmegaConf
+from transformers import AutoModelForCausalLM
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.trainer.main_ppo_v0 import BaseTaskRunner
+from verl.trainer.ppo import ray_trainer
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
+from verl.utils import tracking
+from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.dataset.rl_dataset import collate_fn
+
+from cbpo.backends.verl import credit
+from cbpo.backends.verl.agent_loop import GroupRollouts, ServerEngine
+from cbpo.backends.verl.config import AGENT_LOOP
+from cbpo.chat import build_prompt, resolve_system_prompt
+from cbpo.reward import Rewarder
+from cbpo.schema import settings
+from cbpo.tools import build_tools
+from cbpo.train import build_method
+from cbpo.trainer import MetricsLog, _reward, save_checkpoint
+from cbpo.trajectory import Trajectory
+
+SUITE_CONFIG = "suite.yaml"  # beside verl's checkpoints: the run's composed config, read by every process
+
+
+def rollout_stats(t: Trajectory, row) -> dict:
+    """What the metrics line needs of a rollout besides its reward, carried in ``extra_fields``
+    beside credit's fields. Tool calls copied from a parent were not run again."""
+    return {"cbpo_domain": row.get("domain", ""), "cbpo_generated_tokens": t.generated_tokens,
+            "cbpo_tool_calls": t.tool_calls - t.copied_tool_calls, "cbpo_tool_seconds": t.tool_seconds}
+
+
+def step_rollouts(data) -> dict:
+    """The rollout part of a step's metrics line, under the local trainer's names, from verl's
+    batch after rewards."""
+    nt = data.non_tensor_batch
+    rewards = data.batch["token_level_rewards"].sum(-1).cpu().numpy()
+    domains = np.array([str(d) for d in nt["cbpo_domain"]])
+    kinds = [str(k) for k in nt["cbpo_kind"]]
+    return {
+        "reward": float(rewards.mean()),
+        **{f"reward/{d or 'none'}": float(rewards[domains == d].mean()) for d in sorted(set(domains))},
+        "problems": len(set(nt["uid"])),
+        "rollouts": len(rewards),
+        "generated_tokens": int(sum(nt["cbpo_generated_tokens"])),
+        "tool_calls": int(sum(nt["cbpo_tool_calls"])),
+        "tool_seconds": float(sum(nt["cbpo_tool_seconds"])),
+        **{f"n_{k}": kinds.count(k) for k in sorted({"parent", "branch", "fill"} | set(kinds))},
+    }
+
+
+def policy_stats(metrics) -> dict:
+    """verl's actor metrics (``actor/pg_loss``, ``actor/grad_norm``, ...) under the local
+    trainer's names (``pg_loss``, ``grad_norm``; its KL term is ``kl``)."""
+    stats = {k.removeprefix("actor/"): float(v) for k, v in metrics.items() if k.startswith("actor/")}
+    if "kl_loss" in stats:
+        stats["kl"] = stats.pop("kl_loss")
+    return stats
+
+
+class SuiteTrainer(RayPPOTrainer):
+    """verl's trainer with every method's credit from ``credit.assign`` and the suite's run
+    layout: ``metrics.jsonl`` (the local trainer's keys, truncated to the checkpoint on resume),
+    verl's checkpoints in the run's ``verl/`` folder, and ``final/`` with DONE.json at the end."""
+
+    def __init__(self, *args, method, run_dir: Path, log: MetricsLog, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.method, self.run_dir, self.log = method, Path(run_dir), log
+        self._rollouts: dict = {}
+
+    def fit(self):
+        # verl 0.9.1's fit calls the module-level compute_advantage and builds its Tracking
+        # logger inside the loop; neither is a method, so both are swapped for the length of
+        # this fit only: the advantage step becomes the suite's credit, and every step verl
+        # logs (timings and actor metrics included) also writes the suite's metrics line.
+        trainer = self
+
+        class Tracking(tracking.Tracking):
+            def log(self, data, step, backend=None):
+                super().log(data, step, backend)
+                trainer.log_step(data, step)
+
+        try:
+            with patch.object(ray_trainer, "compute_advantage", self.suite_credit), \
+                 patch.object(tracking, "Tracking", Tracking):
+                super().fit()
+        finally:
+            self.log.close()
+        self.finish()
+
+    def suite_credit(self, data, *_, **__):
+        """verl's advantage step (``compute_advantage``'s place): the method's own credit on the
+        batch, which also sets the loss mask; verl's estimator is never called."""
+        credit.assign(data, self.method)
+        self._rollouts = step_rollouts(data)
+        return data
+
+    def log_step(self, metrics, step: int) -> None:
+        self.log.log({"step": int(step), **self._rollouts, "rollout_seconds": float(metrics["timing_s/gen"]),
+                      "wall_seconds": float(metrics["timing_s/step"]), **policy_stats(metrics)})
+
+    def _load_checkpoint(self):
+        super()._load_checkpoint()
+        # a resumed run keeps the metrics of the steps its checkpoint holds, as the local trainer
+        self.log.truncate_after(self.global_steps)
+
+    def finish(self) -> None:
+        """``final/`` from the last checkpoint's plain weights, written as the local trainer
+        writes it (atomically, DONE.json last, with the weights' fingerprint)."""
+        # verl saves on the last step (trainer.save_freq > 0); RL never changes the tokenizer
+        weights = Path(find_latest_ckpt_path(self.config.trainer.default_local_dir)) / "actor" / "huggingface"
+        model = AutoModelForCausalLM.from_pretrained(weights, dtype="auto")
+        save_checkpoint(self.run_dir / "final", model, self.tokenizer, {"step": "final"})
+
+
+@ray.remote
+class SuiteTaskRunner(BaseTaskRunner):
+    """verl 0.9.1's ``TaskRunner`` (``main_ppo_v0``), building ``SuiteTrainer`` instead of
+    ``RayPPOTrainer``: the workers, resource pools and datasets are verl's, from its config."""
+
+    def run(self, config):
+        OmegaConf.resolve(config)
+        _, worker_group_cls = self.add_actor_rollout_worker(config)
+        model = omega_conf_to_dataclass(config.actor_rollout_ref.model)
+        train, val = (create_rl_dataset(config.data.train_files, config.data, model.tokenizer, model.processor,
+                                        is_train=is_train) for is_train in (True, False))
+        verl_dir = Path(config.trainer.default_local_dir)  # config.py puts it inside the run folder
+        cfg = OmegaConf.load(verl_dir / SUITE_CONFIG)
+        trainer = SuiteTrainer(
+            config=config, tokenizer=model.tokenizer, processor=model.processor,
+            role_worker_mapping=self.role_worker_mapping, resource_pool_manager=self.init_resource_pool_mgr(config),
+            ray_worker_group_cls=worker_group_cls, train_dataset=train, val_dataset=val, collate_fn=collate_fn,
+            train_sampler=create_rl_sampler(config.data, train),
+            method=build_method(cfg, vocab_size=len(model.tokenizer)), run_dir=verl_dir.parent,
+            log=MetricsLog(verl_dir.parent / "metrics.jsonl", cfg.wandb, OmegaConf.to_container(cfg)),
+        )
+        trainer.init_workers()
+        trainer.fit()
+
+
+_GROUPS: dict[str, GroupRollouts] = {}  # per agent-loop worker process and run
+
+
+def group_rollouts(verl_dir: Path, tokenizer, generate, loop, budget: int) -> GroupRollouts:
+    """The run's method, tools, rewarder and agent settings, built once per worker process from
+    the run's config, as the local trainer builds them."""
+    cfg = OmegaConf.load(verl_dir / SUITE_CONFIG)
+    method = build_method(cfg, vocab_size=len(tokenizer))
+    rl = settings(cfg, "rl")
+    tools = build_tools(cfg.data.tools, cfg.tools_cfg, search_seed=cfg.data.seed, data_root=cfg.data_root)
+    rewarder = Rewarder()  # its verifier pool lives as long as the worker
+    system_prompt = resolve_system_prompt(cfg.system_prompt)
+    # K of Eq. 6 is the method's (CBPO's method.top_k); other methods keep the engine's default
+    entropy_k = {"top_k_entropy": method.cfg.top_k} if hasattr(method.cfg, "top_k") else {}
+    return GroupRollouts(
+        method, tokenizer, tools, rl.agent,
+        lambda uid: ServerEngine(generate, loop, uid, **entropy_k, temperature=rl.temperature),
+        lambda question: build_prompt(tokenizer, question, system_prompt),
+        lambda trajs, row: _reward(tokenizer, rewarder, trajs, [row] * len(trajs)),
+        budget)
+
+
+@register(AGENT_LOOP)
+class GroupAgentLoop(AgentLoopBase):
+    """``cbpo_group``: one batch row of verl's agent loop, rollout k of its problem's group.
+
+    verl builds one agent loop per row, so the rows of a problem (one uid, ``rollout.n`` rows,
+    all in one worker: config.py's ``num_workers``) meet in the worker's ``GroupRollouts``. The
+    row's data is the suite's row (``extra_info.row``, written by the launch); verl's sampling
+    parameters are not used: the suite's engine sends its own (temperature ``rl.temperature``)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        verl_dir = self.config.trainer.default_local_dir
+        if verl_dir not in _GROUPS:
+            _GROUPS[verl_dir] = group_rollouts(Path(verl_dir), self.tokenizer, self.server_manager.generate,
+                                               self.loop, self.rollout_config.n)
+        self.group = _GROUPS[verl_dir]
+
+    async def run(self, sampling_params, **kwargs) -> AgentLoopOutput:
+        row = json.loads(kwargs["extra_info"]["row"])
+        t, k = await self.group.rollout(str(kwargs["uid"]), row)
+        return AgentLoopOutput(
+            prompt_ids=t.prompt_ids, response_ids=t.response_ids, response_mask=[int(m) for m in t.model_mask],
+            response_logprobs=t.logprobs, reward_score=t.reward, num_turns=2 * t.tool_calls + 2,
+            metrics=AgentLoopMetrics(), extra_fields={**credit.rollout_fields(t, k), **rollout_stats(t, row)},
+        )
