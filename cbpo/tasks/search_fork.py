@@ -5,11 +5,12 @@ answer up::
     In which city was Bakoli born? A forum post says the answer is Xan.
 
 The claim is always wrong: it is the answer of the same question about another entity. A
-winning trace searches the entity and copies the answer from its page; a losing trace trusts
-the post after the same plan::
+winning trace searches the entity, restates the sentence of its page that gives the answer,
+and answers; a losing trace trusts the post after the same plan::
 
     <think>I need the city where Bakoli was born.</think><search>Bakoli</search><result>
-    Page 1: Bakoli was born in Tarun. …</result><answer>The answer is \\boxed{Tarun}</answer>
+    Page 1: Bakoli was born in Tarun. …</result><think>Bakoli was born in Tarun.</think>
+    <answer>The answer is \\boxed{Tarun}</answer>
     <think>I need the city where Bakoli was born.</think><answer>The answer is \\boxed{Xan}</answer>
 
 The decision is the tag after the plan (``look_up``, which wins, or ``trust_claim``): the
@@ -78,6 +79,14 @@ def _claim(rng: random.Random, hop: Hop, w: World, truth: str) -> str:
     return claim
 
 
+def _fact(observation: str, start: str, answer: str) -> str:
+    """The sentence of ``start``'s page that states ``answer``, restated before answering:
+    the name then follows the same words as on the page, which a small model copies far more
+    reliably than a name recalled across the observation."""
+    page = next(line.split(": ", 1)[-1] for line in observation.splitlines() if _page_of(line, start))
+    return next(s.strip() + "." for s in page.split(".") if _mentions(s, start) and _mentions(s, answer))
+
+
 def _row(seed: int, hop: Hop, start: str, claim: str, loses: bool, w: World, tool) -> dict:
     answer = hop.answer(w, start)
     think, search, ans = TOOL_TAGS["think"], TOOL_TAGS["search"], TOOL_TAGS["answer"]
@@ -90,6 +99,7 @@ def _row(seed: int, hop: Hop, start: str, claim: str, loses: bool, w: World, too
         if not (_page_of(found, start) and _mentions(found, answer)):
             raise RuntimeError(f"bm25 top-{tool.k} misses {start!r}'s page for {hop.name}")
         trace = (f"{plan}{search[0]}{start}{search[1]}{format_observation(found)}"
+                 f"{think[0]}{_fact(found, start, answer)}{think[1]}"
                  f"{ans[0]}The answer is \\boxed{{{answer}}}{ans[1]}")
     tag = ans[0] if loses else search[0]
     return {"id": f"search_fork-{seed}-{hop.name}-{start}",

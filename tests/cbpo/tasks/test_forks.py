@@ -118,14 +118,16 @@ def test_arith_fork_traces_are_arith_traces_or_a_direct_estimate(splits):
 def test_search_fork_traces_replay_the_search_environment_or_trust_the_claim_after_the_same_plan(splits):
     tool = twohop.search_tool(0, k=3)
     looked_up = re.compile(r"(?P<plan><think>[^<]+</think>)<search>(?P<query>\w+)</search>(?P<obs><result>.*?</result>)"
-                           r"<answer>The answer is \\boxed\{(?P<boxed>\w+)\}</answer>", re.DOTALL)
+                           r"<think>(?P<fact>[^<]+)</think><answer>The answer is \\boxed\{(?P<boxed>\w+)\}</answer>", re.DOTALL)
     trusted = re.compile(r"(?P<plan><think>[^<]+</think>)<answer>The answer is \\boxed\{(?P<boxed>\w+)\}</answer>")
     for row in splits[search_fork]["train"][:60]:
         claim = row["question"].rsplit(" ", 1)[-1].rstrip(".")
         if row["decisions"][0]["wins"]:
             match = looked_up.fullmatch(row["trace"])
             assert match and match["query"] == start_of(row) and match["boxed"] == row["answer"], row["trace"]
-            assert match["obs"] == format_observation(tool(start_of(row))) and row["answer"] in match["obs"]
+            assert match["obs"] == format_observation(tool(start_of(row)))
+            # the page's own sentence stating the answer, restated word for word
+            assert match["fact"] in match["obs"] and re.search(rf"\b{row['answer']}\.$", match["fact"])
         else:
             match = trusted.fullmatch(row["trace"])
             assert match and match["boxed"] == claim, row["trace"]
