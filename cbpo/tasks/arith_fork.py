@@ -17,7 +17,7 @@ import random
 
 from cbpo.chat import TOOL_TAGS
 from cbpo.tasks.arith import Problem, sample_problem, trace
-from cbpo.tasks.forks import decision, first_action, losing_rows
+from cbpo.tasks.forks import decision, first_action_decision, losing_rows
 
 # First action tag -> (kind, wins). A search cannot compute the answer.
 KINDS = {"python": ("call_tool", True), "answer": ("answer_directly", False), "search": ("wrong_tool", False)}
@@ -37,11 +37,7 @@ def direct_trace(problem: Problem) -> str:
 
 def decision_spans(text: str, question: str | None = None) -> list[dict]:
     """The response's first action (the question does not matter here): its opening tag."""
-    match = first_action(text)
-    if match is None:
-        return []
-    kind, wins = KINDS[match.lastgroup]
-    return [decision(match.start(), match.end(), kind, wins)]
+    return first_action_decision(text, KINDS)
 
 
 def _row(split: str, n: int, problem: Problem, loses: bool) -> dict:

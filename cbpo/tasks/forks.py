@@ -32,6 +32,16 @@ def decision(start: int, end: int, kind: str, wins: bool) -> dict:
     return {"start": start, "end": end, "kind": kind, "wins": wins}
 
 
+def first_action_decision(text: str, kinds: dict[str, tuple[str, bool]]) -> list[dict]:
+    """The response's first action as its decision: the opening tag's span, with the
+    ``(kind, wins)`` that ``kinds`` gives its tag name; none before the response acts."""
+    match = first_action(text)
+    if match is None:
+        return []
+    kind, wins = kinds[match.lastgroup]
+    return [decision(match.start(), match.end(), kind, wins)]
+
+
 def losing_rows(rng: random.Random, n_rows: int, p_lose: float) -> set[int]:
     """Indices of the rows whose trace takes the losing choice: exactly ``round(p_lose * n)``
     of them, so the SFT mix is what the config says even for small splits."""

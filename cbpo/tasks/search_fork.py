@@ -28,7 +28,7 @@ import random
 from typing import Callable, NamedTuple
 
 from cbpo.chat import TOOL_TAGS, format_observation
-from cbpo.tasks.forks import decision, first_action, losing_rows
+from cbpo.tasks.forks import decision, first_action_decision, losing_rows
 from cbpo.tasks.twohop import World, _mentions, _page_of, search_tool, split_questions, world
 
 
@@ -65,11 +65,7 @@ KINDS = {"search": ("look_up", True), "answer": ("trust_claim", False), "python"
 
 def decision_spans(text: str, question: str | None = None) -> list[dict]:
     """The response's first action (the question does not matter here): its opening tag."""
-    match = first_action(text)
-    if match is None:
-        return []
-    kind, wins = KINDS[match.lastgroup]
-    return [decision(match.start(), match.end(), kind, wins)]
+    return first_action_decision(text, KINDS)
 
 
 def _claim(rng: random.Random, hop: Hop, w: World, truth: str) -> str:

@@ -8,48 +8,8 @@ import torch
 from cbpo.backends.verl import credit
 from cbpo.registry import get_method
 from cbpo.trainer import rollout_tensors
-from cbpo.trajectory import Trajectory
 
 DataProto = pytest.importorskip("verl").DataProto
-
-
-def rollout(rng, n_model: int, reward: float) -> Trajectory:
-    """A response of ``n_model`` model tokens with an observation run after every 5th."""
-    ids, mask = [], []
-    for k in range(n_model):
-        ids.append(int(rng.integers(3, 50)))
-        mask.append(True)
-        if k % 5 == 4 and k < n_model - 1:
-            ids += [1, 2, 1]
-            mask += [False] * 3
-    return Trajectory(prompt_ids=[7, 8, 9], response_ids=ids, model_mask=mask, logprobs=[0.0] * len(ids),
-                      entropies=rng.random(len(ids)).tolist(), finish="answer", reward=reward)
-
-
-def grow(rng, prefix: Trajectory, n_new: int, reward: float) -> Trajectory:
-    tail = rollout(rng, n_new, reward)
-    prefix.response_ids += tail.response_ids
-    prefix.model_mask += tail.model_mask
-    prefix.logprobs += tail.logprobs
-    prefix.entropies += tail.entropies
-    prefix.finish, prefix.reward = "answer", reward
-    return prefix
-
-
-def cbpo_groups(seed: int = 0) -> list[list[Trajectory]]:
-    """Two problems of M = 8: parents, branches at model tokens 4/8 (several at one node),
-    fillers; rewards mixed so CBV and the segment credit are not trivial."""
-    rng = np.random.default_rng(seed)
-    groups = []
-    for g in range(2):
-        parents = [rollout(rng, 12 + 3 * i, float((i + g) % 2)) for i in range(3)]
-        branches = [grow(rng, parents[0].branch_prefix(4, 0), 6, 1.0), grow(rng, parents[0].branch_prefix(4, 0), 5, 0.0),
-                    grow(rng, parents[0].branch_prefix(8, 0), 4, float(g)), grow(rng, parents[1].branch_prefix(4, 1), 7, 1.0)]
-        fill = [rollout(rng, 9, 0.0)]
-        for t in fill:
-            t.kind = "fill"
-        groups.append(parents + branches + fill)
-    return groups
 
 
 def verl_batch(groups, width: int, order) -> DataProto:
@@ -69,8 +29,8 @@ def verl_batch(groups, width: int, order) -> DataProto:
 
 
 @pytest.mark.parametrize("method", ["cbpo", "grpo", "eapo", "branpo"])
-def test_verl_path_advantages_and_loss_masks_equal_the_local_trainers(method):
-    groups = cbpo_groups()
+def test_verl_path_advantages_and_loss_masks_equal_the_local_trainers(method, cbpo_groups):
+    groups = cbpo_groups
     flat = [t for g in groups for t in g]
     local = rollout_tensors(flat, [c for g in get_method(method)(vocab_size=64).credit(groups) for c in g], pad_id=0)
 

@@ -13,7 +13,6 @@ import torch
 from cbpo.backends.verl import credit
 from cbpo.registry import get_method
 from cbpo.runs import DONE, fingerprint
-from cbpo.trajectory import Trajectory
 
 pytest.importorskip("verl")
 from verl import DataProto  # noqa: E402
@@ -36,43 +35,6 @@ def tokenizer():
 
     return train_tokenizer(["<python>print(1 + 2)</python><result>\n3\n</result><answer>\\boxed{3}</answer>",
                             "What is 1 plus 2?"] * 20, 300)
-
-
-def rollout(rng, n_model: int, reward: float) -> Trajectory:
-    """A response of ``n_model`` model tokens with a tool observation after every 5th."""
-    ids, mask = [], []
-    for k in range(n_model):
-        ids.append(int(rng.integers(3, 50)))
-        mask.append(True)
-        if k % 5 == 4 and k < n_model - 1:
-            ids += [1, 2, 1]
-            mask += [False] * 3
-    return Trajectory(prompt_ids=[7, 8], response_ids=ids, model_mask=mask, logprobs=[0.0] * len(ids),
-                      entropies=rng.random(len(ids)).tolist(), finish="answer", reward=reward,
-                      tool_calls=(n_model - 1) // 5, tool_seconds=0.5)
-
-
-def branch(rng, parent: Trajectory, index: int, at: int, n_new: int, reward: float) -> Trajectory:
-    t, tail = parent.branch_prefix(at, index), rollout(rng, n_new, reward)
-    t.response_ids += tail.response_ids
-    t.model_mask += tail.model_mask
-    t.logprobs += tail.logprobs
-    t.entropies += tail.entropies
-    t.finish, t.reward = "answer", reward
-    return t
-
-
-def cbpo_groups() -> list[list[Trajectory]]:
-    """Two problems of M = 6: parents, branches (one after a tool call) and a filler, with mixed
-    rewards so the credit is not trivial."""
-    rng = np.random.default_rng(0)
-    groups = []
-    for g in range(2):
-        parents = [rollout(rng, 12 + 3 * i, float((i + g) % 2)) for i in range(3)]
-        fill = rollout(rng, 9, 0.0)
-        fill.kind = "fill"
-        groups.append(parents + [branch(rng, parents[0], 0, 4, 6, 1.0), branch(rng, parents[0], 0, 7, 4, float(g)), fill])
-    return groups
 
 
 def cbpo():
@@ -134,8 +96,8 @@ def suite_trainer(tmp_path, monkeypatch, tokenizer, tiny_causal_lm):
     return make
 
 
-def test_the_advantage_step_is_the_suites_credit_and_verls_estimator_never_runs(suite_trainer, monkeypatch):
-    groups = cbpo_groups()
+def test_the_advantage_step_is_the_suites_credit_and_verls_estimator_never_runs(suite_trainer, monkeypatch, cbpo_groups):
+    groups = cbpo_groups
     expected = verl_batch(groups)
     credit.assign(expected, cbpo())
     assert expected.batch["advantages"].abs().sum() > 0  # the comparison is not vacuous
@@ -165,27 +127,27 @@ def local_record(tmp_path, tokenizer, tiny_causal_lm) -> dict:
     return json.loads(line)
 
 
-def test_the_metrics_line_has_the_local_trainers_keys(suite_trainer, tmp_path, tokenizer, tiny_causal_lm):
+def test_the_metrics_line_has_the_local_trainers_keys(suite_trainer, tmp_path, tokenizer, tiny_causal_lm, cbpo_groups):
     local = local_record(tmp_path, tokenizer, tiny_causal_lm)
-    groups = cbpo_groups()
+    groups = cbpo_groups
     suite_trainer(cbpo(), verl_batch(groups)).fit()
 
     (line,) = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert set(local) <= set(line), sorted(set(local) - set(line))
     flat = [t for g in groups for t in g]
-    assert (line["step"], line["problems"], line["rollouts"]) == (1, 2, 12)
+    assert (line["step"], line["problems"], line["rollouts"]) == (1, 2, 16)
     assert line["reward"] == pytest.approx(np.mean([t.reward for t in flat])) == line["reward/math"]
     assert line["generated_tokens"] == sum(t.generated_tokens for t in flat)
     assert line["tool_calls"] == sum(t.tool_calls - t.copied_tool_calls for t in flat)
-    assert (line["n_parent"], line["n_branch"], line["n_fill"]) == (6, 4, 2)
+    assert (line["n_parent"], line["n_branch"], line["n_fill"]) == (6, 8, 2)
     assert (line["rollout_seconds"], line["wall_seconds"]) == (2.0, 5.0)  # verl's timings of the step
     assert (line["loss"], line["pg_loss"], line["kl"], line["grad_norm"]) == (0.25, 0.2, 0.05, 1.5)
 
 
-def test_the_run_ends_in_final_with_done_json(suite_trainer, tmp_path):
+def test_the_run_ends_in_final_with_done_json(suite_trainer, tmp_path, cbpo_groups):
     from transformers import AutoModelForCausalLM
 
-    suite_trainer(cbpo(), verl_batch(cbpo_groups())).fit()
+    suite_trainer(cbpo(), verl_batch(cbpo_groups)).fit()
     final = tmp_path / "run" / "final"
     assert json.loads((final / DONE).read_text()) == {"step": "final", "fingerprint": fingerprint(final)}
     ours = AutoModelForCausalLM.from_pretrained(final).state_dict()

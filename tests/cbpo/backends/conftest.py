@@ -1,0 +1,47 @@
+"""Rollout groups for the verl backend's tests, built by hand: what verl's batch carries is
+compared with what the local trainer computes from the same trajectories."""
+import numpy as np
+import pytest
+
+from cbpo.trajectory import Trajectory
+
+
+def rollout(rng, n_model: int, reward: float) -> Trajectory:
+    """A response of ``n_model`` model tokens with an observation run after every 5th."""
+    ids, mask = [], []
+    for k in range(n_model):
+        ids.append(int(rng.integers(3, 50)))
+        mask.append(True)
+        if k % 5 == 4 and k < n_model - 1:
+            ids += [1, 2, 1]
+            mask += [False] * 3
+    return Trajectory(prompt_ids=[7, 8, 9], response_ids=ids, model_mask=mask, logprobs=[0.0] * len(ids),
+                      entropies=rng.random(len(ids)).tolist(), finish="answer", reward=reward,
+                      tool_calls=(n_model - 1) // 5, tool_seconds=0.5)
+
+
+def grow(rng, prefix: Trajectory, n_new: int, reward: float) -> Trajectory:
+    tail = rollout(rng, n_new, reward)
+    prefix.response_ids += tail.response_ids
+    prefix.model_mask += tail.model_mask
+    prefix.logprobs += tail.logprobs
+    prefix.entropies += tail.entropies
+    prefix.finish, prefix.reward = "answer", reward
+    return prefix
+
+
+@pytest.fixture()
+def cbpo_groups() -> list[list[Trajectory]]:
+    """Two problems of M = 8: parents, branches at model tokens 4/8 (several at one node),
+    fillers; rewards mixed so CBV and the segment credit are not trivial."""
+    rng = np.random.default_rng(0)
+    groups = []
+    for g in range(2):
+        parents = [rollout(rng, 12 + 3 * i, float((i + g) % 2)) for i in range(3)]
+        branches = [grow(rng, parents[0].branch_prefix(4, 0), 6, 1.0), grow(rng, parents[0].branch_prefix(4, 0), 5, 0.0),
+                    grow(rng, parents[0].branch_prefix(8, 0), 4, float(g)), grow(rng, parents[1].branch_prefix(4, 1), 7, 1.0)]
+        fill = [rollout(rng, 9, 0.0)]
+        for t in fill:
+            t.kind = "fill"
+        groups.append(parents + branches + fill)
+    return groups
