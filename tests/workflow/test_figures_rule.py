@@ -129,12 +129,12 @@ def test_the_seeds_target_is_table1_and_the_credit_lab_over_the_study_seeds(tmp_
     out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=300)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     shells = [shlex.split(line.split("Shell command: ", 1)[1]) for line in out.stdout.splitlines() if "Shell command: " in line]
-    # study_seeds (0, 1, 2), not the configured seeds ([0]): three SFT and six RL runs.
+    # study_seeds (0-4), not the configured seeds ([0]): five SFT and ten RL runs.
     trained = {(setting(w, "stage"), setting(w, "method") if "stage=rl" in w else "", setting(w, "seed"))
                for w in module_calls(shells, "cbpo.train")}
-    assert trained == {("sft", "", s) for s in "012"} | {("rl", m, s) for m in ("grpo", "cbpo") for s in "012"}
+    assert trained == {("sft", "", s) for s in "01234"} | {("rl", m, s) for m in ("grpo", "cbpo") for s in "01234"}
     (report,) = module_calls(shells, "eval.report")
-    assert option(report, "--summaries") == [f"results/raw/smoke/tiny/forks/seed{s}" for s in range(3)]
+    assert option(report, "--summaries") == [f"results/raw/smoke/tiny/forks/seed{s}" for s in range(5)]
     assert option(report, "--out") == ["results/tables/smoke/tiny/forks/seeds/table1"]
     (lab,) = module_calls(shells, "eval.credit_lab")
-    assert len(option(lab, "--runs")) == 6
+    assert len(option(lab, "--runs")) == 10
