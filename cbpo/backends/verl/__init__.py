@@ -3,6 +3,8 @@
 ``config.py`` turns the suite's Hydra config into verl's and checks it with verl's own
 validation; ``agent_loop.py`` builds a problem's whole rollout group through verl's LLM server
 with the method's own collect; ``credit.py`` computes every method's credit on verl's batch
-(``DataProto``) with the method's own ``credit``; ``launch.py`` is the entry (GPU only). Nothing
-here imports verl at module load: verl's import costs seconds and pulls Ray.
+(``DataProto``) with the method's own ``credit``; ``trainer.py`` holds the classes verl's Ray
+processes build (task runner, trainer subclass, the registered agent loop); ``launch.py`` is the
+entry (GPU only). Only ``trainer.py`` imports verl and Ray at module load (verl's import costs
+seconds), and only the launch and verl's workers import it.
 """
