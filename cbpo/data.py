@@ -22,6 +22,13 @@ def task_file(data_dir: str | Path, task: str, split: str) -> Path:
     return Path(data_dir) / "tasks" / task / f"{split}.jsonl"
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """A crash leaves the old file or the new one, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
     """Atomic write: a crash leaves no partial file that looks finished."""
     path.parent.mkdir(parents=True, exist_ok=True)

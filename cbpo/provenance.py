@@ -8,7 +8,6 @@ Bookkeeping only: nothing reads it back to decide what to resume (``run_key.json
 from __future__ import annotations
 
 import json
-import os
 import platform
 import socket
 import subprocess
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
+
+from cbpo.data import write_atomically
 
 PROVENANCE = "provenance.json"
 # The GPU stack is recorded where installed; it is looked up, never imported (vLLM's import
@@ -69,13 +70,6 @@ def write_provenance(folder: str | Path, cfg: DictConfig, overrides: Sequence[st
     }
     write_atomically(path, json.dumps(record, indent=1) + "\n")
     return path
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """A crash leaves the old file or the new one, never half of one."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def read_git(folder: str | Path) -> dict[str, Any] | None:

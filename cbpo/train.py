@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cbpo.backends.device import resolve_device, resolve_dtype
 from cbpo.chat import resolve_system_prompt
-from cbpo.data import load_split
+from cbpo.data import load_split, write_atomically
 from cbpo.provenance import write_provenance
 from cbpo.runs import WriterLock, checkpoint_fingerprint, name_run
 from cbpo.schema import entry_point, settings
@@ -84,9 +84,7 @@ def _forget_stale_run(out: Path, identity: dict) -> None:
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
-    tmp = key_file.with_name(key_file.name + ".tmp")
-    tmp.write_text(json.dumps(identity, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, key_file)
+    write_atomically(key_file, json.dumps(identity, indent=1, sort_keys=True) + "\n")
 
 
 @entry_point

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from cbpo.backends.device import autocast
 from cbpo.chat import SYSTEM_PROMPT, build_prompt, split_observations
+from cbpo.data import write_atomically
 from cbpo.objective import ObjectiveConfig, policy_objective
 from cbpo import registry
 from cbpo.registry import Method
@@ -188,9 +189,7 @@ class MetricsLog:
                 raise ValueError(f"{self.path}:{lineno}: corrupt metrics record (not JSON)") from None
             if record.get("step", 0) <= step:
                 keep.append(line)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, self.path)
+        write_atomically(self.path, "".join(line + "\n" for line in keep))
 
     def close(self) -> None:
         if self._wandb is not None:

@@ -68,9 +68,10 @@ def span_tokens(tokenizer, ids: Sequence[int], start: int, end: int) -> list[int
     return tokens
 
 
-def fork_questions(data_dir: Path) -> Callable[[str], tuple[Callable, str] | None]:
-    """``lookup(problem_id)``: the task's ``decision_spans`` and the problem's question, or
-    None for a task without decisions. Task files are read once, on first use."""
+def fork_questions(data_dir: Path) -> Callable[[str], tuple[str, Callable, str] | None]:
+    """``lookup(problem_id)``: the problem's task, the task's ``decision_spans`` and the
+    problem's question, or None for a task without decisions. Task files are read once, on
+    first use."""
     cache: dict[str, dict[str, str]] = {}
 
     def lookup(problem: str):
@@ -82,15 +83,16 @@ def fork_questions(data_dir: Path) -> Callable[[str], tuple[Callable, str] | Non
             cache[task] = {row["id"]: row["question"] for row in read_rows(task_file(data_dir, task, "train"))}
         if problem not in cache[task]:
             raise KeyError(f"problem {problem!r} is not in {task_file(data_dir, task, 'train')}")
-        return spans, cache[task][problem]
+        return task, spans, cache[task][problem]
 
     return lookup
 
 
 def rollout_record(row: dict, tokenizer, decision_spans: Callable, question: str) -> dict:
-    """One dumped rollout, measured against its decisions."""
+    """One dumped rollout, measured against its decisions (found in its ``text``, the dump's
+    decoding of ``response_ids``)."""
     ids = row["response_ids"]
-    spans = decision_spans(tokenizer.decode(ids, skip_special_tokens=False), question)
+    spans = decision_spans(row["text"], question)
     mask = np.asarray(row["model_mask"], dtype=bool)
     model_index = np.cumsum(mask) - 1
     on_decision = np.zeros(int(mask.sum()), dtype=bool)
@@ -146,8 +148,8 @@ def run_records(run: Path, data_dir: Path) -> list[dict]:
         for _, row in read_jsonl(path):
             found = lookup(row["problem"])
             if found is not None:
-                task = row["problem"].split("-", 1)[0]
-                records.append({"task": task, "step": dump_step(path), **rollout_record(row, tokenizer, *found)})
+                task, spans, question = found
+                records.append({"task": task, "step": dump_step(path), **rollout_record(row, tokenizer, spans, question)})
     if not records:
         raise ValueError(f"run {run}: its dumps hold no rollout of a task with decisions (cbpo.tasks.forks)")
     return records

@@ -18,7 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cbpo.provenance import read_git, write_atomically
+from cbpo.data import write_atomically
+from cbpo.provenance import read_git
 from eval.report import CSV_COLUMNS
 from eval.runner import IDENTITY
 

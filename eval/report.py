@@ -153,23 +153,28 @@ def step_records(metrics: Path) -> list[dict]:
     return [r for r in records if "sft_loss" in r or "reward" in r]
 
 
-def per_training_problem(metrics: Path) -> dict[str, float]:
-    """Tokens and tool calls generated per training problem over the RL steps; rollouts drawn
-    but not trained on (DAPO's dynamic sampling) are spent budget too."""
-    steps = [step for step in step_records(metrics) if "generated_tokens" in step]
+def training_steps(runs: Path, run: str) -> dict[str, list[dict]]:
+    """The logged steps of every training the row pays for, by run folder: the SFT run's for
+    ``sft``, none for base and tir, the run's own otherwise (OPD's with the teacher the DAG
+    trained for it, where there is one)."""
+    folders = ["sft"] if run == "sft" else [run] if trains(run) else []
+    if run == "opd" and (runs / "teacher" / "metrics.jsonl").is_file():
+        folders.append("teacher")
+    return {folder: step_records(runs / folder / "metrics.jsonl") for folder in folders}
+
+
+def per_training_problem(records: Sequence[dict]) -> dict[str, float]:
+    """Tokens and tool calls generated per training problem over a run's RL steps; rollouts
+    drawn but not trained on (DAPO's dynamic sampling) are spent budget too."""
+    steps = [step for step in records if "generated_tokens" in step]
     problems = sum(step["problems"] for step in steps)
     return {name: sum(step[key] + step.get(f"extra_{key}", 0) for step in steps) / problems if problems else np.nan
             for name, key in (("Train tokens", "generated_tokens"), ("Train tool calls", "tool_calls"))}
 
 
-def device_seconds(runs: Path, summaries: Sequence[dict], run: str) -> float:
-    """Seconds of the run's training steps (the SFT run's for ``sft``; none for base and tir;
-    OPD's with the teacher the DAG trained for it, where there is one) and of its evaluation
-    samples; NaN until all of them are recorded."""
-    folders = ["sft"] if run == "sft" else [run] if trains(run) else []
-    if run == "opd" and (runs / "teacher" / "metrics.jsonl").is_file():
-        folders.append("teacher")
-    steps = [step_records(runs / folder / "metrics.jsonl") for folder in folders]
+def device_seconds(steps: Sequence[Sequence[dict]], summaries: Sequence[dict]) -> float:
+    """Seconds of the row's training steps (``training_steps``) and of its evaluation samples;
+    NaN until all of them are recorded."""
     timed = all(records and all("wall_seconds" in r for r in records) for records in steps)
     if not timed or any("generation_seconds" not in s for s in summaries):
         return np.nan
@@ -189,10 +194,11 @@ def seed_cells(seed: Seed, run: str, configs: Mapping[str, dict], budget: Budget
     averages = macro_average(scores, {column[b]: config["domain"] for b, config in configs.items()})
     spent = {name: pd.Series([s.get(key, np.nan) for s in read.values()], dtype=float).mean()
              for name, key in (("Tokens", "mean_tokens"), ("Tool calls", "mean_tool_calls"))}
-    if seed.runs is not None and trains(run):  # a row without a training run leaves these blank
-        spent.update(per_training_problem(seed.runs / run / "metrics.jsonl"))
     if seed.runs is not None:
-        seconds = device_seconds(seed.runs, list(read.values()), run) if len(read) == len(configs) else np.nan
+        steps = training_steps(seed.runs, run)  # each metrics.jsonl read once for both columns
+        if trains(run):  # a row without a training run leaves these blank
+            spent.update(per_training_problem(steps[run]))
+        seconds = device_seconds(list(steps.values()), list(read.values())) if len(read) == len(configs) else np.nan
         spent[budget.hours] = seconds * budget.devices_per_job / 3600
     derived = {**{AVG[d]: v for d, v in averages.items()}, **spent}
     cells += [{"column": name, "value": value, "summary": ""} for name, value in derived.items()]

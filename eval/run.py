@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from cbpo.backends.device import resolve_device, resolve_dtype
-from cbpo.data import shared_data_dir
+from cbpo.data import shared_data_dir, write_atomically
 from cbpo.provenance import write_provenance
 from cbpo.runs import checkpoint_fingerprint, name_run
 from cbpo.schema import entry_point, settings
@@ -83,10 +83,7 @@ def judge_config(cfg: DictConfig) -> dict | None:
 def record(summary: dict, out: str | Path, **fields) -> dict:
     """``fields`` added to the summary and to its file (written atomically, as the runner does)."""
     summary = {**summary, **fields}
-    path = Path(out) / "summary.json"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomically(Path(out) / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
 

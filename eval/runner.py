@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tqdm import tqdm
 
+from cbpo.data import write_atomically
 from cbpo.runs import WriterLock
 from eval.extract import extract_answer
 from eval.metrics import bootstrap_ci, mean_pass_at_k, pass_at_1, per_problem_means
@@ -93,9 +94,7 @@ def run_benchmark(
                     scorer.close()
 
         summary = _summarise(rows, done, n_samples, metric, benchmark, threshold, seed)
-        tmp = out / (SUMMARY + ".tmp")
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
-        os.replace(tmp, out / SUMMARY)
+        write_atomically(out / SUMMARY, json.dumps(summary, indent=2) + "\n")
         return summary
 
 
@@ -113,9 +112,7 @@ def _forget_other_identity(out: Path, identity: Mapping[str, Any]) -> None:
               f"{({k: identity.get(k) for k in changed})}: regenerating them")
     (out / SAMPLES).unlink(missing_ok=True)
     (out / SUMMARY).unlink(missing_ok=True)
-    tmp = out / (IDENTITY + ".tmp")
-    tmp.write_text(json.dumps(identity, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(identity, indent=1, sort_keys=True) + "\n")
 
 
 def _single_metric(rows, scorer) -> str | None:
