@@ -98,7 +98,7 @@ class VLLMEngine:
                 tensor_parallel_size=tensor_parallel_size,
                 max_model_len=max_model_len,
                 logprobs_mode="raw_logprobs",
-                max_logprobs=max(_VLLM_DEFAULT_MAX_LOGPROBS, top_k_entropy),
+                max_logprobs=max_logprobs(top_k_entropy),
                 **dict(llm_kwargs or {}),
             )
         self.llm = llm
@@ -171,6 +171,12 @@ class VLLMEngine:
             s.entropies.append(top_k_entropy(entries, self.top_k_entropy))
         s.stop, s.stop_match = stop_reason(completion.finish_reason, completion.stop_reason, token_ids, stop_ids, row)
         return s
+
+
+def max_logprobs(top_k: int) -> int:
+    """vLLM's ``max_logprobs`` for requests of ``logprobs=top_k``: its default unless K is larger
+    (also the verl server's, cbpo/backends/verl/config.py)."""
+    return max(_VLLM_DEFAULT_MAX_LOGPROBS, top_k)
 
 
 def top_k_entropy(entries: Mapping[int, Any], k: int) -> float:

@@ -12,10 +12,11 @@ boundary (never re-tokenised text) and a copied tool call is never run again.
 Server contract. verl 0.9's vLLM server returns the sampled token's log-prob only and folds the
 finish reason into "completed". Eq. 6 needs top-K entropies while the parents are still being
 sampled (they decide where branches start), before the actor ever sees the batch, so they
-cannot come from the actor's forward pass. The server is asked for ``logprobs=K`` and reduces
-them on its side to one entropy per token (``cbpo.rollout.vllm_engine.top_k_entropy``), sent
-back in ``TokenOutput.extra_fields`` with vLLM's finish and stop reasons (``ENTROPIES``,
-``FINISH``, ``STOP``): one float per token crosses Ray instead of K pairs.
+cannot come from the actor's forward pass. The suite's server (``server.py``, which verl runs in
+place of its own) is asked for ``logprobs=K`` and reduces them on its side to one entropy per
+token (``cbpo.rollout.vllm_engine.top_k_entropy``), sent back in ``TokenOutput.extra_fields``
+with vLLM's finish and stop reasons (``ENTROPIES``, ``FINISH``, ``STOP``): one float per token
+crosses Ray instead of K pairs.
 """
 from __future__ import annotations
 

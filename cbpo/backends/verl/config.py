@@ -15,6 +15,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from cbpo.rollout.vllm_engine import max_logprobs
+
 
 @dataclass
 class VerlConfig:
@@ -93,6 +95,10 @@ def overrides(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files
                 "tensor_model_parallel_size": verl_cfg.tensor_parallel,
                 "gpu_memory_utilization": verl_cfg.gpu_memory_utilization,
                 "enable_prefix_caching": True,  # branches continue their parent's exact token prefix
+                # the suite's server (server.py): Eq. 6 is the raw distribution's, and K top log-probs
+                # per token must be allowed (K: the method's, else ServerEngine's 10, under vLLM's cap)
+                "logprobs_mode": "raw_logprobs",
+                "engine_kwargs": {"vllm": {"max_logprobs": max_logprobs(getattr(method_cfg, "top_k", 0))}},
                 "log_prob_micro_batch_size_per_gpu": verl_cfg.micro_batch_per_gpu,
                 "multi_turn": {"enable": True, "max_assistant_turns": agent.max_tool_calls + 1},
                 # verl cuts the batch into num_workers contiguous chunks; a divisor of the problem
@@ -126,6 +132,8 @@ def build(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files: st
 
     base = OmegaConf.load(verl_yaml())
     OmegaConf.set_struct(base, True)
+    # vLLM's own engine arguments: a free-form dict in verl, passed on to `vllm serve` as they are
+    OmegaConf.set_struct(base.actor_rollout_ref.rollout.engine_kwargs.vllm, False)
     merged = OmegaConf.merge(base, overrides(cfg, method_cfg, rl, verl_cfg, train_files, out))
     validate_config(merged, use_reference_policy=need_reference_policy(merged), use_critic=need_critic(merged))
     return merged

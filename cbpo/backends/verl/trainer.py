@@ -1,7 +1,8 @@
 """verl's side of ``backend=verl``: the classes verl's Ray processes build. ``SuiteTaskRunner``
 (verl's task runner, with the suite's trainer), ``SuiteTrainer`` (verl's ``RayPPOTrainer`` with
-the suite's credit and run layout) and ``GroupAgentLoop`` (the agent loop registered as
-``cbpo_group``). Imports verl and Ray: only the launch and verl's workers load this module.
+the suite's credit, run layout and vLLM server, server.py) and ``GroupAgentLoop`` (the agent
+loop registered as ``cbpo_group``). Imports verl and Ray: only the launch and verl's workers
+load this module.
 
 Written against verl 0.9.1's source and tested on CPU up to the Ray boundary (the advantage
 step, the metrics line, the final checkpoint, the agent loop's registration and outputs); the
@@ -26,6 +27,7 @@ from verl.utils import tracking
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.dataset.rl_dataset import collate_fn
+from verl.workers.rollout.replica import RolloutReplicaRegistry
 
 from cbpo.backends.verl import credit
 from cbpo.backends.verl.agent_loop import GroupRollouts, ServerEngine
@@ -117,6 +119,12 @@ class SuiteTrainer(RayPPOTrainer):
         self.log.log({"step": int(step), **self._rollouts, "rollout_seconds": float(metrics["timing_s/gen"]),
                       "wall_seconds": float(metrics["timing_s/step"]), **policy_stats(metrics)})
 
+    def init_workers(self):
+        # verl builds its rollout replicas here (LLMServerManager) from rollout.name; the name stays
+        # "vllm" (verl's workers and weight sync key on it) and loads the suite's server
+        RolloutReplicaRegistry.register("vllm", suite_replica)
+        super().init_workers()
+
     def _load_checkpoint(self):
         super()._load_checkpoint()
         # a resumed run keeps the metrics of the steps its checkpoint holds, as the local trainer
@@ -129,6 +137,14 @@ class SuiteTrainer(RayPPOTrainer):
         weights = Path(find_latest_ckpt_path(self.config.trainer.default_local_dir)) / "actor" / "huggingface"
         model = AutoModelForCausalLM.from_pretrained(weights, dtype="auto")
         save_checkpoint(self.run_dir / "final", model, self.tokenizer, {"step": "final"})
+
+
+def suite_replica():
+    """The replica running the suite's vLLM server (server.py), imported when verl asks for it:
+    it needs vLLM, which only the GPU cluster has."""
+    from cbpo.backends.verl.server import SuiteReplica
+
+    return SuiteReplica
 
 
 @ray.remote
