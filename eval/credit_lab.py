@@ -16,7 +16,10 @@ A method is a run folder's name; the folders of one method (seeds) are pooled. O
   choice, else ``1 - exp(lp)``. Exact where that token chooses between two options (an action
   tag against the other), an estimate otherwise. Dumps written before log-probs were kept give
   NaN;
-- the win rate per step: the fraction of those rollouts that took the winning choice;
+- the win rate per step: the fraction of those rollouts that took the winning choice, and the
+  mean reward of the rollouts (all with a decision) that took the winning choice and of those
+  that took another: RL can only move a decision whose winning choice earns more reward than
+  the others, so a low ``reward_win`` says the policy cannot yet finish what the choice starts;
 - the entropy at decision tokens and at the other model tokens;
 - where CBPO's chosen branch points fall: ``b - d``, ``d`` the parent's first decision token
   (model-token positions; a branch at ``b <= d`` samples the decision anew), beside the same
@@ -45,7 +48,8 @@ from cbpo.data import read_jsonl, read_rows, task_file
 from cbpo.tasks import TASKS, get_task
 from eval.figures import dump_step, figure, save
 
-COLUMNS = ("method", "task", "step", "rollouts", "decisions_sampled", "p_win", "win_rate", "decision_token_share",
+COLUMNS = ("method", "task", "step", "rollouts", "decisions_sampled", "p_win", "win_rate", "reward_win", "reward_lose",
+           "decision_token_share",
            "abs_adv_share", "abs_adv_per_decision_token", "abs_adv_per_other_token", "entropy_decision", "entropy_other")
 
 
@@ -112,7 +116,9 @@ def rollout_record(row: dict, tokenizer, decision_spans: Callable, question: str
         "kind": row["kind"],
         # A branch that starts after the decision copied it from its parent.
         "sampled": row["kind"] != "branch" or first is None or row["at"] <= first,
+        "decided": bool(spans),
         "wins": wins,
+        "reward": float(row["reward"]),
         "p_win": p_win,
         "loss_tokens": int(trained.sum()),
         "decision_tokens": int((trained & on_decision).sum()),
@@ -160,13 +166,15 @@ def _ratio(num: float, den: float) -> float:
 
 
 def summarise(df: pd.DataFrame) -> dict:
-    sampled = df[df["sampled"]]
+    sampled, decided = df[df["sampled"]], df[df["decided"]]
     other_tokens = df["loss_tokens"].sum() - df["decision_tokens"].sum()
     return {
         "rollouts": len(df),
         "decisions_sampled": len(sampled),
         "p_win": sampled["p_win"].mean(),  # NaN (dumps without log-probs) is left out
         "win_rate": _ratio(sampled["wins"].sum(), len(sampled)),
+        "reward_win": decided.loc[decided["wins"], "reward"].mean(),  # NaN: no rollout took it
+        "reward_lose": decided.loc[~decided["wins"], "reward"].mean(),
         "decision_token_share": _ratio(df["decision_tokens"].sum(), df["loss_tokens"].sum()),
         "abs_adv_share": _ratio(df["mass_decision"].sum(), df["mass_total"].sum()),
         "abs_adv_per_decision_token": _ratio(df["mass_decision"].sum(), df["decision_tokens"].sum()),
@@ -249,7 +257,8 @@ def write(records: dict[str, list[dict]], out: Path, label: str) -> None:
         "choice at the decision's first token under the policy (its raw, temperature-1 distribution, whatever the "
         "sampling temperature), from the sampled token's log-prob lp: exp(lp) after the winning choice, 1 - exp(lp) "
         "after the losing one; exact when that token chooses between two options, an estimate otherwise. win_rate: "
-        "the share of those rollouts that took the winning choice.", "",
+        "the share of those rollouts that took the winning choice. reward_win, reward_lose: the mean reward of the "
+        "rollouts that took the winning choice, and another (branches that copied their parent's choice included).", "",
     ]
     if without_logprobs:
         parts += [f"The dumps of {', '.join(without_logprobs)} hold no log-probs (written before they were kept): "

@@ -113,9 +113,9 @@ def lab(tmp_path, tok, data):
         run = runs[method] = tmp_path / "runs" / method
         tok.save_pretrained(run / "final")
         (run / "rollouts").mkdir()
-    # GRPO: one advantage per response. Step 1: a look-up (A = +1) and a direct answer
-    # (A = -0.5); step 2: a tool call (A = +2).
-    steps = {1: [dump_row(tok, good, lambda n: np.full(n, 1.0), [at["good"]]),
+    # GRPO: one advantage per response. Step 1: a look-up (A = +1, reward 1) and a direct answer
+    # (A = -0.5, reward 0); step 2: a tool call (A = +2) whose code went wrong (reward 0).
+    steps = {1: [dump_row(tok, good, lambda n: np.full(n, 1.0), [at["good"]], reward=1.0),
                  dump_row(tok, direct, lambda n: np.full(n, -0.5), [at["direct"]])],
              2: [dump_row(tok, tool, lambda n: np.full(n, 2.0), [at["tool"]])]}
     for step, rows in steps.items():
@@ -123,14 +123,14 @@ def lab(tmp_path, tok, data):
     # CBPO (dumped with log-probs, GRPO without): a parent that trusted the claim, sampling that
     # choice at probability 0.2, with A = 3 on its decision token d and 1 elsewhere, branch
     # points at d - 1 and d + 4, and a branch from d + 4 that copied the decision (its prefix
-    # has no loss); a non-dump file is ignored.
+    # has no loss) and earned reward 1; a non-dump file is ignored.
     d = at["misled"]
 
     def parent_adv(n):
         return np.where(np.arange(n) == d, 3.0, 1.0)
 
     parent = dump_row(tok, misled, parent_adv, [d], 0.2, candidates=[d - 1, d + 2, d + 4], chosen=[d - 1, d + 4])
-    branch = dump_row(tok, misled, lambda n: np.full(n, -1.0), [d], 0.9, kind="branch", parent=0, at=d + 4)
+    branch = dump_row(tok, misled, lambda n: np.full(n, -1.0), [d], 0.9, kind="branch", parent=0, at=d + 4, reward=1.0)
     branch["loss_mask"] = [0] * (d + 4) + [1] * (len(branch["loss_mask"]) - d - 4)
     write_jsonl(run_dump(runs["cbpo"], 1), [parent, branch])
     (runs["cbpo"] / "rollouts" / "notes.txt").write_text("not a dump")
@@ -158,6 +158,10 @@ def test_credit_shares_win_rates_and_branch_distances(lab, tmp_path):
     assert (wins["grpo", "search_fork", "1"], wins["grpo", "arith_fork", "1"], wins["grpo", "arith_fork", "2"]) == (1, 0, 1)
     assert (wins["grpo", "arith_fork", "all"], wins["grpo", "all", "all"]) == (0.5, pytest.approx(2 / 3))
     assert grpo["entropy_decision"] == 2.0 and grpo["entropy_other"] == 1.0
+    # Reward by choice: the tool call was taken and failed, the look-up succeeded.
+    reward_win, reward_lose = table["reward_win"], table["reward_lose"]
+    assert (reward_win["grpo", "arith_fork", "all"], reward_win["grpo", "search_fork", "all"]) == (0.0, 1.0)
+    assert (grpo["reward_win"], grpo["reward_lose"]) == (0.5, 0.0)
     cbpo = table.loc[("cbpo", "all", "all")]
     # The branch's loss tokens start after the decision: it adds mass and tokens, none on it.
     branch_tokens = L["misled"] - lab["branch_at"]
@@ -165,6 +169,8 @@ def test_credit_shares_win_rates_and_branch_distances(lab, tmp_path):
     assert cbpo["decision_token_share"] == pytest.approx(1 / (L["misled"] + branch_tokens))
     assert cbpo["abs_adv_per_decision_token"] == pytest.approx(3.0)
     assert (cbpo["rollouts"], cbpo["decisions_sampled"], cbpo["win_rate"]) == (2, 1, 0.0)
+    # The branch copied its losing decision, and its reward counts for that choice too.
+    assert np.isnan(cbpo["reward_win"]) and cbpo["reward_lose"] == 0.5
     # Only the parent sampled its decision; GRPO's dumps predate log-probs.
     assert cbpo["p_win"] == pytest.approx(0.8) and table["p_win"]["cbpo", "search_fork", "1"] == pytest.approx(0.8)
     assert table["p_win"][table.index.get_level_values("method") == "grpo"].isna().all()
