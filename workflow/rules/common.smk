@@ -208,9 +208,10 @@ ENV = "OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} TOKENIZERS_PARALLELIS
 JOB = "model={wildcards.model:q} data={wildcards.data:q} preset={wildcards.preset:q} seed={wildcards.seed:q} data_root={params.data_root:q}"
 
 
-def command(*words):
-    """A job's shell command: the environment, ``python -m <words>``, its log."""
-    return " ".join([ENV, "-m", *words, "> {log:q} 2>&1"])
+def command(*words, append=False):
+    """A job's shell command: the environment, ``python -m <words>``, its log (added to, not
+    replaced, with ``append``: a job's second command)."""
+    return " ".join([ENV, "-m", *words, ">>" if append else ">", "{log:q} 2>&1"])
 
 
 # What every table's eval.report call shares: the seeds' summaries and training runs (budget

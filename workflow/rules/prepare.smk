@@ -9,7 +9,7 @@ rule data:
     benchmark: "results/benchmarks/data.tsv"
     threads: 1
     params: data=DATA
-    shell: command("cbpo.prepare target=data data=mix") + (" && " + command("cbpo.prepare target=data data={params.data:q}").replace("> {log:q}", ">> {log:q}") if DATA_TASKS else "")
+    shell: command("cbpo.prepare target=data data=mix") + (" && " + command("cbpo.prepare target=data data={params.data:q}", append=True) if DATA_TASKS else "")
 
 rule model:
     input: rules.data.output, f"{ROOT}/configs/config.yaml", f"{ROOT}/configs/model/{{model}}.yaml"
