@@ -2,6 +2,7 @@
 every task). ``build_tools`` makes the name -> callable map the agent loop takes."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -17,10 +18,13 @@ class CountedSearch:
 
     def __init__(self, tool: Callable[[str], str], cache: SearchCache | None):
         self.tool, self.cache, self.calls = tool, cache, 0
+        # verl's agent-loop worker calls one tool from several rollout groups' threads at once
+        self._lock = threading.Lock()
         self._reported = self.stats()
 
     def __call__(self, query: str) -> str:
-        self.calls += 1
+        with self._lock:
+            self.calls += 1
         return self.tool(query)
 
     def stats(self) -> dict[str, int | None]:
@@ -31,8 +35,9 @@ class CountedSearch:
 
     def since_last(self) -> dict[str, int | None]:
         """``stats()`` counted from the previous call (a training step's own searches)."""
-        now, before = self.stats(), self._reported
-        self._reported = now
+        with self._lock:
+            now, before = self.stats(), self._reported
+            self._reported = now
         return {k: None if v is None else v - before[k] for k, v in now.items()}
 
 

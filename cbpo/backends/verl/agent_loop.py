@@ -28,6 +28,7 @@ from cbpo import registry
 from cbpo.rollout.agent import AgentConfig, run_agent
 from cbpo.rollout.engine import Sample, check_sample_args, check_sampling_settings
 from cbpo.rollout.vllm_engine import stop_reason
+from cbpo.tools import step_search_stats
 from cbpo.trajectory import Trajectory
 
 ENTROPIES, FINISH, STOP = "cbpo_entropies", "cbpo_finish_reason", "cbpo_stop_reason"
@@ -93,18 +94,24 @@ class GroupRollouts:
         self.engine_for, self.encode, self.score, self.budget = engine_for, encode, score, budget
         self._groups: dict[str, tuple[asyncio.Task, itertools.count]] = {}
 
-    async def rollout(self, uid: str, row: Mapping[str, Any]) -> tuple[Trajectory, int]:
-        """Rollout k of the problem's group and k, for the k-th call with this uid."""
+    async def rollout(self, uid: str, row: Mapping[str, Any]) -> tuple[Trajectory, int, dict]:
+        """Rollout k of the problem's group, k, and search counts, for the k-th call with this uid.
+
+        The counts (``CountedSearch.since_last`` of this worker's search tool, read as the group
+        ends) go with rollout 0, zeros with the others. Groups running at once share the tool, so
+        a group's counts may hold another's calls, but every call is counted once, by a group of
+        the step that made it (verl's trainer waits for all groups before it trains): summed
+        over a step's batch they are the step's searches, as in the local trainer's line."""
         if uid not in self._groups:  # no await before this: the M calls start in order
             self._groups[uid] = (asyncio.ensure_future(asyncio.to_thread(self._collect, uid, row)), itertools.count())
         task, counter = self._groups[uid]
         k = next(counter)
         if k == self.budget - 1:
             del self._groups[uid]
-        group = await task
-        return group[k], k
+        group, searches = await task
+        return group[k], k, searches if k == 0 else {key: None if n is None else 0 for key, n in searches.items()}
 
-    def _collect(self, uid: str, row: Mapping[str, Any]) -> list[Trajectory]:
+    def _collect(self, uid: str, row: Mapping[str, Any]) -> tuple[list[Trajectory], dict]:
         engine = self.engine_for(uid)
 
         def sample(trajs):
@@ -120,4 +127,4 @@ class GroupRollouts:
             raise RuntimeError(f"{self.method.name} returned {len(group)} rollouts for {uid}, but verl asks for "
                                f"rollout.n = {self.budget} per problem")
         self.score([t for t in group if t.reward is None], row)
-        return group
+        return group, step_search_stats(self.tools)

@@ -40,6 +40,7 @@ from cbpo.train import build_method
 from cbpo.trainer import MetricsLog, _reward, save_checkpoint
 from cbpo.trajectory import Trajectory
 
+SEARCH_KEYS = ("search_calls", "search_cache_hits", "search_cache_misses")  # CountedSearch.stats
 SUITE_CONFIG = "suite.yaml"  # beside verl's checkpoints: the run's composed config, read by every process
 
 
@@ -48,6 +49,21 @@ def rollout_stats(t: Trajectory, row) -> dict:
     beside credit's fields. Tool calls copied from a parent were not run again."""
     return {"cbpo_domain": row.get("domain", ""), "cbpo_generated_tokens": t.generated_tokens,
             "cbpo_tool_calls": t.tool_calls - t.copied_tool_calls, "cbpo_tool_seconds": t.tool_seconds}
+
+
+def search_fields(searches: dict) -> dict:
+    """The agent loop's search counts for a rollout (``GroupRollouts.rollout``), as extra fields;
+    all None where the run has no search tool."""
+    return {f"cbpo_{key}": searches.get(key) for key in SEARCH_KEYS}
+
+
+def step_searches(non_tensor) -> dict:
+    """A step's search counts under the local trainer's names (``step_search_stats``): none
+    without a search tool, a count None where the search has no cache."""
+    counts = {key: list(non_tensor[f"cbpo_{key}"]) for key in SEARCH_KEYS}
+    if counts["search_calls"][0] is None:  # the run has no search tool
+        return {}
+    return {key: None if None in n else int(sum(n)) for key, n in counts.items()}
 
 
 def step_rollouts(data) -> dict:
@@ -66,6 +82,7 @@ def step_rollouts(data) -> dict:
         "tool_calls": int(sum(nt["cbpo_tool_calls"])),
         "tool_seconds": float(sum(nt["cbpo_tool_seconds"])),
         **{f"n_{k}": kinds.count(k) for k in sorted({"parent", "branch", "fill"} | set(kinds))},
+        **step_searches(nt),
     }
 
 
@@ -213,9 +230,10 @@ class GroupAgentLoop(AgentLoopBase):
 
     async def run(self, sampling_params, **kwargs) -> AgentLoopOutput:
         row = json.loads(kwargs["extra_info"]["row"])
-        t, k = await self.group.rollout(str(kwargs["uid"]), row)
+        t, k, searches = await self.group.rollout(str(kwargs["uid"]), row)
         return AgentLoopOutput(
             prompt_ids=t.prompt_ids, response_ids=t.response_ids, response_mask=[int(m) for m in t.model_mask],
             response_logprobs=t.logprobs, reward_score=t.reward, num_turns=2 * t.tool_calls + 2,
-            metrics=AgentLoopMetrics(), extra_fields={**credit.rollout_fields(t, k), **rollout_stats(t, row)},
+            metrics=AgentLoopMetrics(),
+            extra_fields={**credit.rollout_fields(t, k), **rollout_stats(t, row), **search_fields(searches)},
         )

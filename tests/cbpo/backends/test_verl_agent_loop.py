@@ -115,8 +115,9 @@ def test_grouped_agent_loop_builds_the_local_engines_rollouts(tokenizer):
         return await asyncio.gather(*(rollouts.rollout("uid-p", row) for _ in range(BUDGET)))
 
     outputs = asyncio.run(verl_side())
-    assert [k for _, k in outputs] == list(range(BUDGET))
-    remote = [t for t, _ in outputs]
+    assert [k for _, k, _ in outputs] == list(range(BUDGET))
+    remote = [t for t, _, _ in outputs]
+    assert all(searches == {} for _, _, searches in outputs)  # no search tool, no counts
 
     kinds = [t.kind for t in local]
     assert "branch" in kinds and kinds.count("parent") == 3  # the plan branched: the comparison is not vacuous
@@ -134,6 +135,37 @@ def test_grouped_agent_loop_builds_the_local_engines_rollouts(tokenizer):
     ids = [rid for rid, _, _ in server.requests]
     assert len(set(ids)) == len(ids) and all(rid.startswith("uid-p-") for rid in ids)
     assert all(sp[agent_loop.TOP_K] == 3 and sp["logprobs"] for _, _, sp in server.requests)
+
+
+def test_a_steps_search_counts_are_every_call_once_however_groups_overlap(tokenizer):
+    """Two problems' groups run at once in one worker and share its search tool: the counts go
+    with each group's rollout 0, zeros with the others, and add up to the calls made."""
+    from cbpo.tools import CountedSearch
+
+    agent = AgentConfig(max_new_tokens=40, max_total_tokens=120)
+    python, calls, score, encode = setup(tokenizer)
+    # the scripted model calls Python; the counted tool stands in for search under both names
+    counted = CountedSearch(python["python"], cache=None)
+    tools = {"python": counted, "search": counted}
+    server = FakeServer(tokenizer)
+    rows = [{"id": p, "question": q, "answer": "3", "domain": "math"}
+            for p, q in (("p", "What is 1 plus 2?"), ("q", "We add the numbers. What is 1 plus 2?"))]
+
+    async def worker():
+        loop = asyncio.get_running_loop()
+        rollouts = agent_loop.GroupRollouts(
+            cbpo(tokenizer), tokenizer, tools, agent, lambda uid: agent_loop.ServerEngine(server.generate, loop, uid, top_k_entropy=3),
+            encode, score, BUDGET)
+        return await asyncio.gather(*(rollouts.rollout(f"uid-{row['id']}", row) for row in rows for _ in range(BUDGET)))
+
+    outputs = asyncio.run(worker())
+    assert len(calls) > 0
+    firsts = [searches for _, k, searches in outputs if k == 0]
+    assert len(firsts) == 2 and sum(s["search_calls"] for s in firsts) == len(calls) == counted.calls
+    assert all(s["search_cache_hits"] is None for s in firsts)  # no cache: nothing to count
+    assert all(searches == {"search_calls": 0, "search_cache_hits": None, "search_cache_misses": None}
+               for _, k, searches in outputs if k != 0)
+    assert counted.since_last()["search_calls"] == 0  # nothing left over for the next step
 
 
 def test_a_server_without_entropies_is_named(tokenizer):

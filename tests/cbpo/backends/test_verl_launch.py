@@ -134,3 +134,6 @@ def test_verls_dataset_and_agent_loop_worker_read_what_the_launch_writes(tmp_pat
         assert o.reward_score is not None and o.extra_fields["cbpo_domain"] == "search"
         assert len(o.response_ids) == len(o.response_mask) == len(o.response_logprobs) > 0
         assert set(credit.FIELDS) <= set(o.extra_fields)
+    # the built-in corpus has no cache: calls are counted, hits and misses are not
+    assert [o.extra_fields["cbpo_search_calls"] for o in outputs] == [0] * rollout.n  # the replies never search
+    assert all(o.extra_fields["cbpo_search_cache_hits"] is None for o in outputs)

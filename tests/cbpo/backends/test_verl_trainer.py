@@ -19,7 +19,7 @@ from verl import DataProto  # noqa: E402
 from verl.trainer.ppo import ray_trainer  # noqa: E402
 from verl.utils import tracking  # noqa: E402
 
-from cbpo.backends.verl.trainer import SuiteTrainer, rollout_stats  # noqa: E402
+from cbpo.backends.verl.trainer import SuiteTrainer, rollout_stats, search_fields  # noqa: E402
 from cbpo.trainer import MetricsLog  # noqa: E402
 
 # What verl 0.9.1's fit passes to its logger each step: the actor's metrics renamed with
@@ -41,10 +41,11 @@ def cbpo():
     return get_method("cbpo")(vocab_size=64)
 
 
-def verl_batch(groups) -> DataProto:
+def verl_batch(groups, searches=None) -> DataProto:
     """The rollouts as verl's trainer holds them when it computes advantages: right-padded,
     reward on the last response token, rows in another order than the groups (verl balances
-    batches), and the agent loop's extra fields in non_tensor_batch."""
+    batches), and the agent loop's extra fields in non_tensor_batch. ``searches``: each
+    group's search counts, on its rollout 0 as the agent loop puts them (none: no search tool)."""
     flat = [(g, k, t) for g, group in enumerate(groups) for k, t in enumerate(group)][::-1]
     width = max(len(t.response_ids) for _, _, t in flat) + 3
     mask = torch.zeros((len(flat), width), dtype=torch.int64)
@@ -52,7 +53,13 @@ def verl_batch(groups) -> DataProto:
     for row, (_, _, t) in enumerate(flat):
         mask[row, : len(t.model_mask)] = torch.tensor(t.model_mask, dtype=torch.int64)
         rewards[row, len(t.response_ids) - 1] = t.reward
-    fields = [{**credit.rollout_fields(t, k), **rollout_stats(t, {"domain": "math"})} for _, k, t in flat]
+    def counts(g, k):
+        if searches is None:
+            return {}
+        return searches[g] if k == 0 else {key: None if n is None else 0 for key, n in searches[g].items()}
+
+    fields = [{**credit.rollout_fields(t, k), **rollout_stats(t, {"domain": "math"}), **search_fields(counts(g, k))}
+              for g, k, t in flat]
 
     def column(name):
         out = np.empty(len(flat), dtype=object)
@@ -142,6 +149,19 @@ def test_the_metrics_line_has_the_local_trainers_keys(suite_trainer, tmp_path, t
     assert (line["n_parent"], line["n_branch"], line["n_fill"]) == (6, 8, 2)
     assert (line["rollout_seconds"], line["wall_seconds"]) == (2.0, 5.0)  # verl's timings of the step
     assert (line["loss"], line["pg_loss"], line["kl"], line["grad_norm"]) == (0.25, 0.2, 0.05, 1.5)
+    assert "search_calls" not in line and "search_calls" not in local  # neither run has a search tool
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_the_metrics_line_counts_the_steps_searches(suite_trainer, tmp_path, cbpo_groups, cached):
+    def counts(calls, hits):
+        return {"search_calls": calls, "search_cache_hits": hits if cached else None,
+                "search_cache_misses": calls - hits if cached else None}
+
+    suite_trainer(cbpo(), verl_batch(cbpo_groups, searches=[counts(3, 2), counts(5, 1)])).fit()
+    (line,) = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    expected = (8, 3, 5) if cached else (8, None, None)  # as the local trainer's step_search_stats
+    assert (line["search_calls"], line["search_cache_hits"], line["search_cache_misses"]) == expected
 
 
 def test_the_run_ends_in_final_with_done_json(suite_trainer, tmp_path, cbpo_groups):
