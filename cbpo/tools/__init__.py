@@ -9,6 +9,8 @@ from typing import Any, Callable, Mapping, Sequence
 from cbpo.data import shared_data_dir
 from cbpo.tools.search_cache import SearchCache
 
+# CountedSearch.stats's keys: the search counts of evaluation summaries and training metrics lines
+SEARCH_STATS = ("search_calls", "search_cache_hits", "search_cache_misses")
 ARPO_SEED = Path("search") / "arpo_search_cache.json"  # under the data root
 
 
@@ -29,9 +31,8 @@ class CountedSearch:
 
     def stats(self) -> dict[str, int | None]:
         cache = self.cache
-        return {"search_calls": self.calls,
-                "search_cache_hits": None if cache is None else cache.hits,
-                "search_cache_misses": None if cache is None else cache.misses}
+        return dict(zip(SEARCH_STATS, (self.calls, None if cache is None else cache.hits,
+                                       None if cache is None else cache.misses)))
 
     def since_last(self) -> dict[str, int | None]:
         """``stats()`` counted from the previous call (a training step's own searches)."""

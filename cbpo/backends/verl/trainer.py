@@ -35,12 +35,11 @@ from cbpo.backends.verl.config import AGENT_LOOP
 from cbpo.chat import build_prompt, resolve_system_prompt
 from cbpo.reward import Rewarder
 from cbpo.schema import settings
-from cbpo.tools import build_tools
+from cbpo.tools import SEARCH_STATS, build_tools
 from cbpo.train import build_method
 from cbpo.trainer import MetricsLog, _reward, save_checkpoint
 from cbpo.trajectory import Trajectory
 
-SEARCH_KEYS = ("search_calls", "search_cache_hits", "search_cache_misses")  # CountedSearch.stats
 SUITE_CONFIG = "suite.yaml"  # beside verl's checkpoints: the run's composed config, read by every process
 
 
@@ -54,13 +53,13 @@ def rollout_stats(t: Trajectory, row) -> dict:
 def search_fields(searches: dict) -> dict:
     """The agent loop's search counts for a rollout (``GroupRollouts.rollout``), as extra fields;
     all None where the run has no search tool."""
-    return {f"cbpo_{key}": searches.get(key) for key in SEARCH_KEYS}
+    return {f"cbpo_{key}": searches.get(key) for key in SEARCH_STATS}
 
 
 def step_searches(non_tensor) -> dict:
     """A step's search counts under the local trainer's names (``step_search_stats``): none
     without a search tool, a count None where the search has no cache."""
-    counts = {key: list(non_tensor[f"cbpo_{key}"]) for key in SEARCH_KEYS}
+    counts = {key: list(non_tensor[f"cbpo_{key}"]) for key in SEARCH_STATS}
     if counts["search_calls"][0] is None:  # the run has no search tool
         return {}
     return {key: None if None in n else int(sum(n)) for key, n in counts.items()}
