@@ -5,8 +5,12 @@ problem's branches join it once its own parents are done). Each repeat runs GRPO
 from the same seed; the medians over repeats and their ratios are printed, with the load
 average, since wall time on a shared machine is noisy.
 
-    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_rollout.py --checkpoint runs/tiny/mix/sft/final
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_rollout.py \
+        --checkpoint runs/tiny/tiny/forks/seed0/sft/final --tasks arith_fork search_fork
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_rollout.py --checkpoint models/smollm2-135m
+
+``--tasks`` should be those the checkpoint was trained on (the demo's: the fork tasks); half the
+problems come from the first task's test split, half from the last's.
 
 Without --checkpoint a fresh (untrained) tiny model is prepared in a temporary folder; its
 entropy profile is flat, so numbers from a trained checkpoint are the meaningful ones.
@@ -53,6 +57,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--checkpoint", type=Path)
     ap.add_argument("--data-dir", type=Path, default=Path("data"))
+    ap.add_argument("--tasks", nargs="+", default=["arith", "twohop"])
     ap.add_argument("--problems", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     # One thread on a loaded machine: two threads there wait on each other (2-20x slower).
@@ -63,14 +68,14 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = args.data_dir
-        if not (data_dir / "tasks" / "arith" / "test.jsonl").is_file():
+        if not all((data_dir / "tasks" / task / "test.jsonl").is_file() for task in args.tasks):
             data_dir = Path(tmp)
-            for task in ("arith", "twohop"):
+            for task in args.tasks:
                 generate_task(task, data_dir, 0, 200, 50)
-        rows = load_split({"tasks": ["arith", "twohop"]}, data_dir, "test")
+        rows = load_split({"tasks": args.tasks}, data_dir, "test")
         ckpt = args.checkpoint
         if ckpt is None:
-            texts = [x for r in load_split({"tasks": ["arith", "twohop"]}, data_dir, "train") for x in (r["question"], r["trace"])]
+            texts = [x for r in load_split({"tasks": args.tasks}, data_dir, "train") for x in (r["question"], r["trace"])]
             ckpt = prepare_model("tiny", Path(tmp) / "tiny", corpus_texts=texts)
         model, tokenizer = load_model(ckpt)
         model.eval()
@@ -87,13 +92,15 @@ def main() -> None:
         load = os.getloadavg()[0]
         # One engine, as in training: its one-off set-up (the stop-string table) stays out of the timings.
         engine = HFEngine(model, tokenizer, top_k_entropy=10, temperature=1.0)
+        # Untimed: the first batch pays for allocator and kernel warm-up, which went to GRPO's first repeat.
+        measure(methods["grpo"], prompts[:1], engine, tokenizer, tools, agent_cfg)
         for rep in range(args.repeats):
             for name, method in methods.items():
                 engine.generator.manual_seed(rep)
                 runs[name].append(measure(method, prompts, engine, tokenizer, tools, agent_cfg))
                 r = runs[name][-1]
                 print(f"repeat {rep} {name}: generated tokens {r['tokens']}, wall {r['seconds']:.2f} s", flush=True)
-    print(f"checkpoint: {args.checkpoint or 'fresh tiny model'}; {args.problems} problems x 16 slots, median of "
+    print(f"checkpoint: {args.checkpoint or 'fresh tiny model'}; tasks {' '.join(args.tasks)}; {args.problems} problems x 16 slots, median of "
           f"{args.repeats} repeats; {torch.get_num_threads()} threads; load average {load:.2f} before, "
           f"{os.getloadavg()[0]:.2f} after")
     med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}

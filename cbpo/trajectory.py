@@ -46,6 +46,17 @@ class Trajectory:
         """Model tokens this rollout sampled itself (a branch's copied prefix excluded)."""
         return self.n_model_tokens - (self.at or 0)
 
+    @property
+    def turn_tokens(self) -> int:
+        """Model tokens of the turn in progress: those after the last observation (a branch cut
+        mid-turn already holds part of its turn, which counts against the per-turn cap)."""
+        n = 0
+        for m in reversed(self.model_mask):
+            if not m:
+                break
+            n += 1
+        return n
+
     def model_positions(self) -> np.ndarray:
         """Indices into ``response_ids`` of the model-generated tokens, in order."""
         return np.flatnonzero(np.asarray(self.model_mask, dtype=bool))

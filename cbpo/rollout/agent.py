@@ -82,7 +82,8 @@ def run_agent(
     (CBPO's branches on its parents) thus never waits for the rest of the batch.
 
     Finishes: "answer" when the model closes ``</answer>``; "eos" on EOS or an end string;
-    "length" when a turn reaches ``max_new_tokens`` or the response reaches
+    "length" when a turn reaches ``max_new_tokens`` (a trajectory that starts mid-turn, like a
+    branch, counts the turn's tokens it already holds) or the response reaches
     ``max_total_tokens`` or the engine's ``max_context`` (an observation that would cross
     either is cut there); "turns" when the model closes a tool call after ``max_tool_calls``
     calls: that call is not run and gets no observation. A tool that raises, a call with no
@@ -106,12 +107,13 @@ def run_agent(
 
     def admit(k: int) -> None:
         t = out[k]
-        if not t.done and len(t.response_ids) >= cfg.max_total_tokens:
+        # A branch resumes mid-turn: its turn's cap counts the parent's tokens before the cut.
+        budget = min(cfg.max_new_tokens - t.turn_tokens, cfg.max_total_tokens - len(t.response_ids))
+        if not t.done and budget <= 0:
             t.finish = "length"
         if t.done:
             finished.append(k)
         else:
-            budget = min(cfg.max_new_tokens, cfg.max_total_tokens - len(t.response_ids))
             batch.admit(k, t.prompt_ids + t.response_ids, budget)
 
     def add(trajs: Sequence[Trajectory]) -> None:

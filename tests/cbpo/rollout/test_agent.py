@@ -270,6 +270,27 @@ def test_length_caps_turn_total_and_observation(tokenizer):
     assert t.finish == "length" and t.response_ids == too_long.response_ids
 
 
+def test_a_branch_cut_mid_turn_gets_only_the_rest_of_that_turns_cap(tokenizer):
+    # A parent's turn stops at max_new_tokens; a branch cut inside that turn must not run past
+    # the same cap (it would be a longer turn than any rollout can sample).
+    head = branch_of(tokenizer, [("<python>a</python>", True), ("<result>\nran a\n</result>", False),
+                                 ("word " * 4, True)])
+    held = head.turn_tokens
+    assert held == len(tokenizer.encode("word " * 4, add_special_tokens=False))
+    cap = held + 6
+    engine = ScriptedEngine(tokenizer, [["word " * 40]])
+    [t] = run_agent(engine, tokenizer, [head], {}, AgentConfig(max_new_tokens=cap))
+    assert t.finish == "length" and t.turn_tokens == cap
+    assert len(t.response_ids) - len(head.response_ids) == cap - held
+    # A turn already at the cap ends at once, without a call to the engine.
+    full = branch_of(tokenizer, [("word " * 20, True)])
+    idle = ScriptedEngine(tokenizer, [])
+    [t] = run_agent(idle, tokenizer, [full], {}, AgentConfig(max_new_tokens=full.turn_tokens))
+    assert t.finish == "length" and t.response_ids == full.response_ids and idle.calls == []
+    # Right after an observation a new turn starts with the whole cap.
+    assert branch_of(tokenizer, [("x", True), ("<result>\nr\n</result>", False)]).turn_tokens == 0
+
+
 def test_long_observation_is_truncated(tokenizer):
     engine = ScriptedEngine(tokenizer, [["<python>x</python>"], ["<answer>1</answer>"]])
     cfg = AgentConfig(max_obs_tokens=5)
