@@ -6,7 +6,8 @@ mode, under ``unshare``). It runs as the parent's user, sets up containment, the
 process that runs the model's code: resource limits, an unprivileged uid, no new privileges.
 This process stays behind as a supervisor: it waits for the code, writes its wait status and
 CPU seconds to ``status_fd`` and leaves nothing behind (in namespace mode the kernel kills the
-whole namespace when PID 1 exits; in plain mode it kills what was re-parented to it). It also
+whole namespace when PID 1 exits; in plain mode it kills what was re-parented to it and, if the
+caller died, removes the caller's work dir). It also
 watches ``lifeline_fd``, which becomes ready when the caller is gone: a caller killed with
 SIGKILL cannot stop the run, so the supervisor ends it then as if it had been asked to.
 
@@ -69,12 +70,17 @@ def main(argv: list[str]) -> None:
     _kill_on_sigterm(pid)
     _kill_when_caller_is_gone(pid, lifeline_fd)
     wait_status, cpu_seconds = _wait_for(pid)
+    caller_gone = False
     try:
         os.write(status_fd, f"{wait_status} {cpu_seconds:.3f}\n".encode())
     except BrokenPipeError:  # the caller is gone: no one to tell, but still clean up
-        pass
+        caller_gone = True
     if not namespaces:
         _kill_descendants()
+        if caller_gone:  # the caller would have removed its work dir; it died first
+            import shutil
+
+            shutil.rmtree(cfg["workdir"], ignore_errors=True)
     os._exit(0)  # nothing to flush; skipping interpreter teardown shortens every call
 
 

@@ -1,6 +1,6 @@
 """Nothing of a sandboxed run outlives its caller: a caller killed with SIGKILL (the CLI, or a
 program calling ``run_python`` from a worker thread) takes the model's code, its children and
-its ``setsid`` daemons with it within 2 s, in every containment mode. Real processes, real
+its ``setsid`` daemons with it within 2 s, in every containment mode, and no work dir is left. Real processes, real
 ``kill -9``; the survivors are looked up by a unique process name in the host's /proc."""
 
 from __future__ import annotations
@@ -70,9 +70,12 @@ def wait_for(condition, seconds: float) -> bool:
     return True
 
 
-def kill_caller_and_check(caller_args: list[str], token: str, monkeypatch, processes_named) -> None:
+def kill_caller_and_check(caller_args: list[str], token: str, tmp_path, monkeypatch, processes_named) -> None:
     # The plain-mode runs here run as root (the interpreter lives under /root): allowed on purpose.
     monkeypatch.setenv("CBPO_SANDBOX_ALLOW_ROOT", "1")
+    tmp = tmp_path / "tmp"  # where plain mode makes the code's work dir
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
     caller = subprocess.Popen(caller_args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         started = wait_for(lambda: len(processes_named(token)) == 3, STARTED_SECONDS)
@@ -81,6 +84,9 @@ def kill_caller_and_check(caller_args: list[str], token: str, monkeypatch, proce
         caller.wait()
         assert wait_for(lambda: processes_named(token) == [], GONE_SECONDS), (
             f"still running {GONE_SECONDS} s after the caller was killed: {processes_named(token)}"
+        )
+        assert wait_for(lambda: not list(tmp.glob("cbpo-sandbox-*")), GONE_SECONDS), (
+            f"work dirs left behind: {list(tmp.iterdir())}"
         )
     finally:
         if caller.poll() is None:
@@ -96,7 +102,7 @@ def test_killing_the_cli_kills_the_code_and_its_children(tmp_path, monkeypatch, 
     program = tmp_path / "sleepers.py"
     program.write_text(model_code(token))
     cli = [sys.executable, "-m", "cbpo", "sandbox", str(program), "--timeout", "60"]
-    kill_caller_and_check(cli, token, monkeypatch, processes_named)
+    kill_caller_and_check(cli, token, tmp_path, monkeypatch, processes_named)
 
 
 @pytest.mark.parametrize("lifeline", ["pidfd", "pipe"])
@@ -108,4 +114,4 @@ def test_killing_a_calling_program_kills_the_code_and_its_children(
     program = tmp_path / "sleepers.py"
     program.write_text(model_code(token))
     caller = [sys.executable, "-c", LIBRARY_CALLER, str(program), containment, lifeline]
-    kill_caller_and_check(caller, token, monkeypatch, processes_named)
+    kill_caller_and_check(caller, token, tmp_path, monkeypatch, processes_named)
