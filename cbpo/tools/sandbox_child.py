@@ -68,13 +68,12 @@ def main(argv: list[str]) -> None:
             os._exit(_CONFINE_FAILED)
         _run_model_code(code, cfg["sitepath"])
     _kill_on_sigterm(pid)
-    _kill_when_caller_is_gone(pid, lifeline_fd)
+    caller_gone = _kill_when_caller_is_gone(pid, lifeline_fd)
     wait_status, cpu_seconds = _wait_for(pid)
-    caller_gone = False
     try:
         os.write(status_fd, f"{wait_status} {cpu_seconds:.3f}\n".encode())
     except BrokenPipeError:  # the caller is gone: no one to tell, but still clean up
-        caller_gone = True
+        caller_gone.append(True)
     if not namespaces:
         _kill_descendants()
         if caller_gone:  # the caller would have removed its work dir; it died first
@@ -269,21 +268,29 @@ def _kill_on_sigterm(pid: int) -> None:
     _signal.signal(_signal.SIGTERM, lambda *_: _kill_code(pid))
 
 
-def _kill_when_caller_is_gone(pid: int, lifeline_fd: int) -> None:
+def _kill_when_caller_is_gone(pid: int, lifeline_fd: int) -> list[bool]:
     """From a thread (the main one blocks in wait4): once ``lifeline_fd`` is ready (a pidfd of
     the caller: POLLIN when it exits; a pipe only the caller writes to: POLLHUP), kill the
     code's main process; the main thread then finishes as after a SIGTERM. A caller dead
-    before this starts is seen at once: both kinds of fd stay ready."""
+    before this starts is seen at once: both kinds of fd stay ready.
+
+    Returns a list that holds True once the caller is seen gone, set before the kill, so the
+    main thread knows it when the code's wait returns (the status write may still succeed:
+    the caller's end of that pipe can outlive its lifeline by a moment while it exits)."""
     import _thread
     import select
+
+    gone: list[bool] = []
 
     def watch() -> None:
         poller = select.poll()
         poller.register(lifeline_fd, select.POLLIN)
         poller.poll()
+        gone.append(True)
         _kill_code(pid)
 
     _thread.start_new_thread(watch, ())
+    return gone
 
 
 def _kill_code(pid: int) -> None:
