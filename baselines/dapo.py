@@ -23,6 +23,15 @@ the cap is reached; here each draw is the step's size and a step that reaches th
 the groups it kept. Clip-Higher binds only with several optimiser steps per rollout batch
 (``rl.ppo_mini_batches`` > 1, as the paper preset and verl's recipes): with one, the ratio is 1
 where the gradient is taken.
+
+On the verl backend the draw is per problem, not per batch: verl's trainer has a fixed batch,
+so each batch row's group is chosen inside the agent loop (``cbpo/backends/verl/agent_loop.py``).
+The method is offered the row's problem and ``max_num_gen_batches`` - 1 replacements drawn from
+the training rows (by the run's seed and the row's index), rolls them out one at a time and the
+row trains on the first informative group. A row with none trains on the last group drawn (its
+advantage zero unless the overlong penalty differs within it, its tokens in token-mean's
+denominator) where the local trainer would train on fewer problems; the rollouts drawn and not
+trained on are counted under the same keys (``gen_batches`` has no verl counterpart).
 """
 from __future__ import annotations
 

@@ -20,8 +20,19 @@ that shares Qwen3-1.7B's and Qwen3-4B's tokenizer (only its forward pass is need
 
 Departures: the OPD code's default reward sums the log-ratio over the student's top-16 tokens
 weighted by the student's probabilities (a truncated exact reverse KL); the sampled-token form
-used here is its one-sample estimate, which the code also offers. The teacher runs inside the
-training process rather than as a verl reward-model worker.
+used here is its one-sample estimate, which the code also offers. On the local backend the
+teacher runs inside the training process.
+
+On ``backend=verl`` OPD is verl's own on-policy distillation (cbpo/backends/verl/config.py): the
+teacher's vLLM servers, on GPUs of their own, return log pi_T of every token of each rollout as
+the agent loop finishes it, and verl's k1 estimator with policy gradient gives every model token
+A_t = -(log pi_S - log pi_T) in its vanilla PPO loss, with this clip and aggregation, no clamps
+and no task-reward term. Departures there: log pi_S is the actor's at the update, so with
+``rl.ppo_mini_batches`` > 1 every mini-batch after the first takes it from the partly updated
+student rather than the sampling policy; the teacher is scored at temperature 1 whatever
+``rl.temperature`` (the paper preset's is 1); verl's loss keeps dual-clip PPO (ratio bound 3 on
+negative advantages), which the local objective turns off; and ``setup``'s tokenizer check does
+not run (the teacher's server scores the student's token ids as they are).
 """
 from __future__ import annotations
 

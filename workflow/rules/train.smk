@@ -25,6 +25,17 @@ rule teacher:  # OPD's teacher where the preset names none: the SFT recipe run l
         steps=lambda w: f"sft.steps={preset_sft_steps() * config['teacher_sft_factor']}",
     shell: command("cbpo.train stage=sft {params.init:q} {params.steps:q}", JOB)
 
+
+def rl_gpus(wildcards):
+    """An rl job's GPUs: OPD on verl also holds its teacher's own (verl.teacher_gpus, configs/config.yaml)."""
+    from cbpo.backends.verl.config import DISTILLED
+
+    gpus = resources("rl").get("gpu", 0)
+    if config["backend"] == "verl" and method_of(wildcards.trained) in DISTILLED:
+        gpus += composed().verl.teacher_gpus
+    return gpus
+
+
 rule rl:
     input:
         f"runs/{KEY}/sft/final/DONE.json",
@@ -36,7 +47,7 @@ rule rl:
     log: f"logs/{KEY}/{{trained}}.log"
     benchmark: f"results/benchmarks/{KEY}/rl_{{trained}}.tsv"
     threads: 1
-    resources: **resources("rl")
+    resources: **{**resources("rl"), "gpu": rl_gpus}
     # H's GPU backends: backend=verl reaches the job; the default (local) adds nothing.
     # A variant names its run folder (variant=) and carries its overrides.
     params:

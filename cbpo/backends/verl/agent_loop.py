@@ -17,12 +17,21 @@ place of its own) is asked for ``logprobs=K`` and reduces them on its side to on
 token (``cbpo.rollout.vllm_engine.top_k_entropy``), sent back in ``TokenOutput.extra_fields``
 with vLLM's finish and stop reasons (``ENTROPIES``, ``FINISH``, ``STOP``): one float per token
 crosses Ray instead of K pairs.
+
+Replacement problems. A method offered more problems than it trains on (``registry.prompt_pool``
+= P > 1: DAPO's dynamic sampling) chooses per batch row here: verl's v0 trainer has a fixed
+batch, so the choice that verl's v1 replay buffer makes by refilling evicted groups happens
+inside the group. The method is offered the row's problem and P - 1 replacements from the run's
+training rows, draws them lazily and keeps the first informative group, which is what verl trains
+under the row's uid; the rollouts it drew and does not return are counted (``DRAW_STATS``).
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
 
 from cbpo import registry
 from cbpo.rollout.agent import AgentConfig, run_agent
@@ -33,6 +42,9 @@ from cbpo.trajectory import Trajectory
 
 ENTROPIES, FINISH, STOP = "cbpo_entropies", "cbpo_finish_reason", "cbpo_stop_reason"
 TOP_K = "cbpo_top_k_entropy"  # the sampling parameter that asks the server for them
+# A group's draws of replacement problems, under the local trainer's names (DAPO.step_stats): 1 if
+# the method kept an informative group, and the rollouts drawn and not returned to verl.
+DRAW_STATS = ("kept_groups", "extra_rollouts", "extra_generated_tokens", "extra_tool_calls")
 
 
 class ServerEngine:
@@ -85,46 +97,83 @@ class GroupRollouts:
 
     ``score(trajs, row)`` sets each rollout's reward (the suite's ``Rewarder``): the outputs
     carry it as ``reward_score``, so verl's reward stage scores nothing twice, and methods that
-    score inside collect (DAPO, OC-GRPO) get it through ``Problems`` as locally."""
+    score inside collect (DAPO, OC-GRPO) get it through ``Problems`` as locally. ``pool`` (the
+    run's training rows, row i at the verl row's ``index`` i) and ``seed`` serve the
+    replacement problems of a method with ``registry.prompt_pool`` > 1."""
 
     def __init__(self, method, tokenizer, tools: Mapping[str, Callable[[str], str]], agent: AgentConfig,
                  engine_for: Callable[[str], Any], encode: Callable[[str], list[int]],
-                 score: Callable[[Sequence[Trajectory], Mapping[str, Any]], None], budget: int) -> None:
+                 score: Callable[[Sequence[Trajectory], Mapping[str, Any]], None], budget: int,
+                 pool: Sequence[Mapping[str, Any]] = (), seed: int = 0) -> None:
         self.method, self.tokenizer, self.tools, self.agent = method, tokenizer, tools, agent
         self.engine_for, self.encode, self.score, self.budget = engine_for, encode, score, budget
+        self.draws, self.pool, self.seed = registry.prompt_pool(method), pool, seed
+        if self.draws > 1 and len(pool) < 2:
+            raise ValueError(f"{method.name} offers {self.draws} problems per trained one, drawn from the training "
+                             f"rows, but the pool has {len(pool)}")
         self._groups: dict[str, tuple[asyncio.Task, itertools.count]] = {}
 
-    async def rollout(self, uid: str, row: Mapping[str, Any]) -> tuple[Trajectory, int, dict]:
-        """Rollout k of the problem's group, k, and search counts, for the k-th call with this uid.
+    async def rollout(self, uid: str, row: Mapping[str, Any],
+                      index: int) -> tuple[Trajectory, int, Mapping[str, Any], dict]:
+        """Rollout k of the problem's group, k, the problem it answers (the row's, or the
+        replacement the method kept) and the group's counts, for the k-th call with this uid.
 
-        The counts (``CountedSearch.since_last`` of this worker's search tool, read as the group
-        ends) go with rollout 0, zeros with the others. Groups running at once share the tool, so
-        a group's counts may hold another's calls, but every call is counted once, by a group of
-        the step that made it (verl's trainer waits for all groups before it trains): summed
-        over a step's batch they are the step's searches, as in the local trainer's line."""
+        The counts go with rollout 0, zeros with the others: the search counts
+        (``CountedSearch.since_last`` of this worker's search tool, read as the group ends) and,
+        for a method with replacement problems, its ``DRAW_STATS``. Groups running at once share
+        the tool, so a group's search counts may hold another's calls, but every call is counted
+        once, by a group of the step that made it (verl's trainer waits for all groups before it
+        trains): summed over a step's batch they are the step's, as in the local trainer's line."""
         if uid not in self._groups:  # no await before this: the M calls start in order
-            self._groups[uid] = (asyncio.ensure_future(asyncio.to_thread(self._collect, uid, row)), itertools.count())
+            self._groups[uid] = (asyncio.ensure_future(asyncio.to_thread(self._collect, uid, row, index)),
+                                 itertools.count())
         task, counter = self._groups[uid]
         k = next(counter)
         if k == self.budget - 1:
             del self._groups[uid]
-        group, searches = await task
-        return group[k], k, searches if k == 0 else {key: None if n is None else 0 for key, n in searches.items()}
+        group, answered, counts = await task
+        return group[k], k, answered, counts if k == 0 else {key: None if n is None else 0 for key, n in counts.items()}
 
-    def _collect(self, uid: str, row: Mapping[str, Any]) -> tuple[list[Trajectory], dict]:
+    def replacements(self, index: int) -> list[Mapping[str, Any]]:
+        """The P - 1 problems offered after the pool's row ``index``, never that row: drawn from
+        the run's seed and the row's index, not verl's uid (a fresh uuid every step), so a rerun
+        offers the same. The agent loop does not see verl's step: a row has the same
+        replacements in every epoch, and whether one is used depends on the policy of the time."""
+        others = np.delete(np.arange(len(self.pool)), index)
+        rng = np.random.default_rng([self.seed, index])
+        return [self.pool[int(i)] for i in rng.choice(others, self.draws - 1, replace=len(others) < self.draws - 1)]
+
+    def _collect(self, uid: str, row: Mapping[str, Any],
+                 index: int) -> tuple[list[Trajectory], Mapping[str, Any], dict]:
         engine = self.engine_for(uid)
+        rows = [row, *self.replacements(index)] if self.draws > 1 else [row]
+        drawn: list[tuple[Mapping[str, Any], list[Trajectory]]] = []  # in the order the method scores them
 
         def sample(trajs):
             return run_agent(engine, self.tokenizer, trajs, self.tools, self.agent)
 
         def score(groups, indices):
-            for g in groups:
-                self.score(g, row)
+            for g, i in zip(groups, indices):
+                self.score(g, rows[i])  # each problem's rollouts against its own answer
+                drawn.append((rows[i], g))
 
-        (group,) = registry.collect(self.method, [self.encode(row["question"])], sample,
-                                    registry.Problems([row], self.encode, score))
+        groups = registry.collect(self.method, [self.encode(r["question"]) for r in rows], sample,
+                                  registry.Problems(rows, self.encode, score))
+        kept = [(r, g) for r, g in zip(rows, groups) if g]
+        # With no informative group in P draws the local trainer trains on fewer problems; verl's
+        # batch has a fixed size, so the last drawn group goes back. Its outcome rewards are all
+        # equal, so its advantage is zero, as if verl's DAPO recipe had left it out, unless the
+        # overlong penalty differs within it; its tokens still count in token-mean's denominator.
+        answered, group = kept[0] if kept else drawn[-1]
         if len(group) != self.budget:
             raise RuntimeError(f"{self.method.name} returned {len(group)} rollouts for {uid}, but verl asks for "
                                f"rollout.n = {self.budget} per problem")
-        self.score([t for t in group if t.reward is None], row)
-        return group, step_search_stats(self.tools)
+        self.score([t for t in group if t.reward is None], answered)
+        counts = step_search_stats(self.tools)
+        if self.draws > 1:
+            returned = {id(t) for t in group}
+            extra = [t for _, g in drawn for t in g if id(t) not in returned]
+            counts |= {"kept_groups": len(kept), "extra_rollouts": len(extra),
+                       "extra_generated_tokens": sum(t.generated_tokens for t in extra),
+                       "extra_tool_calls": sum(t.tool_calls - t.copied_tool_calls for t in extra)}
+        return group, answered, counts

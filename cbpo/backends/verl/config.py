@@ -6,6 +6,8 @@ adv_estimator`` names the estimator verl would use on its own, for the methods i
 (GRPO, REINFORCE++-baseline), and is overridden by ``credit.py`` in the trainer subclass, which
 sees the batch's non-tensor data (prefix groups, branch points) that a registered estimator
 never receives (verl 0.9's ``compute_advantage`` passes it rewards, the response mask and uid).
+OPD is the exception: its advantage needs the teacher, so it is verl's own on-policy distillation
+(``distillation``), with the teacher on GPUs of its own.
 """
 from __future__ import annotations
 
@@ -27,10 +29,15 @@ class VerlConfig:
     tensor_parallel: int  # vLLM tensor parallel size per rollout replica
     gpu_memory_utilization: float  # vLLM's share while the actor sleeps (verl frees it between phases)
     micro_batch_per_gpu: int  # sequences per forward/backward per GPU (memory only)
+    # OPD's teacher (method.teacher) runs on verl's distillation resource pool, GPUs beside the
+    # nodes x gpus_per_node above: whole nodes of gpus_per_node, or part of one
+    teacher_gpus: int
+    teacher_tensor_parallel: int  # vLLM tensor parallel size per teacher replica
     dry_run: bool = False  # print the generated verl config (validated) and stop: no GPU needed
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "gpus_per_node", "tensor_parallel", "micro_batch_per_gpu"):
+        for name in ("nodes", "gpus_per_node", "tensor_parallel", "micro_batch_per_gpu", "teacher_gpus",
+                     "teacher_tensor_parallel"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.gpus_per_node % self.tensor_parallel:
@@ -46,6 +53,7 @@ SUITE_CREDIT = "cbpo_suite_credit"
 AGENT_LOOP = "cbpo_group"  # the M calls of a problem share its group (agent_loop.GroupRollouts)
 AGENT_LOOPS = "agent_loops.yaml"  # in verl's run folder: registers AGENT_LOOP in every agent-loop worker
 AGENT_WORKERS = 8  # verl's default number of agent-loop workers, at most
+DISTILLED = frozenset({"opd"})  # methods whose advantage verl's on-policy distillation computes
 
 
 def verl_yaml() -> Path:
@@ -77,9 +85,7 @@ def overrides(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files
                 "ppo_mini_batch_size": rl.problems_per_step // rl.ppo_mini_batches,
                 "ppo_micro_batch_size_per_gpu": verl_cfg.micro_batch_per_gpu,
                 "ppo_epochs": 1,
-                "clip_ratio": objective.clip_eps,
-                "clip_ratio_low": objective.clip_low if objective.clip_low is not None else objective.clip_eps,
-                "clip_ratio_high": objective.clip_high if objective.clip_high is not None else objective.clip_eps,
+                **clip_ratios(objective),
                 "loss_agg_mode": objective.loss_agg_mode,
                 "policy_loss": {"loss_mode": objective.policy_loss},
                 "use_kl_loss": objective.beta > 0, "kl_loss_coef": objective.beta, "kl_loss_type": objective.kl_estimator,
@@ -109,6 +115,7 @@ def overrides(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files
             "ref": {"log_prob_micro_batch_size_per_gpu": verl_cfg.micro_batch_per_gpu},
         },
         "algorithm": {"adv_estimator": VERL_ESTIMATORS.get(cfg.method.name, SUITE_CREDIT), "use_kl_in_reward": False},
+        "distillation": distillation(method_cfg, verl_cfg) if cfg.method.name in DISTILLED else {"enabled": False},
         "critic": {"enable": False},
         "trainer": {
             "nnodes": verl_cfg.nodes, "n_gpus_per_node": verl_cfg.gpus_per_node,
@@ -123,12 +130,55 @@ def overrides(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files
     }
 
 
+def clip_ratios(objective) -> dict:
+    """The objective's PPO clip range under verl's names (the actor's and the distillation loss's)."""
+    low, high = (objective.clip_eps if x is None else x for x in (objective.clip_low, objective.clip_high))
+    return {"clip_ratio": objective.clip_eps, "clip_ratio_low": low, "clip_ratio_high": high}
+
+
+def teacher_pool(verl_cfg: VerlConfig) -> tuple[int, int]:
+    """(GPUs per node, nodes) of the teacher's resource pool; a replica never spans two nodes."""
+    per_node = min(verl_cfg.teacher_gpus, verl_cfg.gpus_per_node)
+    if verl_cfg.teacher_gpus % per_node or per_node % verl_cfg.teacher_tensor_parallel:
+        raise ValueError(f"verl.teacher_gpus ({verl_cfg.teacher_gpus}) must be whole nodes of verl.gpus_per_node "
+                         f"({verl_cfg.gpus_per_node}) or part of one, and verl.teacher_tensor_parallel "
+                         f"({verl_cfg.teacher_tensor_parallel}) must divide the teacher's GPUs per node")
+    return per_node, verl_cfg.teacher_gpus // per_node
+
+
+def distillation(method_cfg, verl_cfg: VerlConfig) -> dict:
+    """OPD (baselines/opd.py) as verl's on-policy distillation: verl's teacher servers score each
+    student rollout as the agent loop returns it (log pi_T of every token, vLLM's prompt log-probs),
+    and the k1 estimator with policy gradient gives every model token the advantage
+    -(log pi_S - log pi_T) in verl's vanilla PPO loss; use_task_rewards=false drops the loss on
+    the task advantage, which OPD's objective has none of."""
+    if not method_cfg.teacher:
+        raise ValueError("opd needs a teacher: set method.teacher to a checkpoint that shares the student's tokenizer")
+    per_node, nodes = teacher_pool(verl_cfg)
+    # a local checkpoint is read by the teacher's servers, which may run on another node
+    teacher = Path(method_cfg.teacher)
+    return {
+        "enabled": True, "n_gpus_per_node": per_node, "nnodes": nodes,
+        "distillation_loss": {
+            "loss_mode": "k1", "use_policy_gradient": True, "use_task_rewards": False,
+            "loss_max_clamp": None, "log_prob_min_clamp": None,  # OPD clamps neither the reward nor the log-probs
+            **clip_ratios(method_cfg.objective()),
+        },
+        # one teacher: verl routes every row to it, whatever the row's teacher_key (data_source, the domain)
+        "teacher_models": {"teacher_model": {
+            "model_path": str(teacher.absolute()) if teacher.is_dir() else method_cfg.teacher,
+            "inference": {"tensor_model_parallel_size": verl_cfg.teacher_tensor_parallel},
+        }},
+    }
+
+
 def build(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files: str, out: Path) -> DictConfig:
     """verl's config for this run, checked as verl's ``main_ppo`` checks it: merged in struct
     mode (a key verl does not have is an error, not a silent no-op), then ``validate_config``,
-    which builds verl's config dataclasses and runs their checks."""
+    which builds verl's config dataclasses and runs their checks, and the distillation section's
+    dataclass, which verl's trainer builds only once its workers are up."""
     from verl.trainer.main_ppo import need_critic, need_reference_policy
-    from verl.utils.config import validate_config
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
 
     base = OmegaConf.load(verl_yaml())
     OmegaConf.set_struct(base, True)
@@ -136,4 +186,6 @@ def build(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files: st
     OmegaConf.set_struct(base.actor_rollout_ref.rollout.engine_kwargs.vllm, False)
     merged = OmegaConf.merge(base, overrides(cfg, method_cfg, rl, verl_cfg, train_files, out))
     validate_config(merged, use_reference_policy=need_reference_policy(merged), use_critic=need_critic(merged))
+    if merged.distillation.enabled:
+        omega_conf_to_dataclass(merged.distillation)
     return merged

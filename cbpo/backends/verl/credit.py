@@ -6,7 +6,8 @@ model token) cannot reach it. The agent loop therefore writes each rollout's pla
 group into ``extra_fields`` (``rollout_fields``), verl carries them in ``non_tensor_batch``,
 and the trainer subclass calls ``assign`` after rewards, in place of verl's estimator. The
 rows are regrouped by uid and ordered by their index in the group, so verl's batch
-balancing (which reorders rows) changes nothing.
+balancing (which reorders rows) changes nothing. OPD's advantage is verl's distillation loss's
+(config.py), not computed here.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from cbpo.backends.verl.config import DISTILLED
 from cbpo.trajectory import Trajectory
 
 FIELDS = ("cbpo_index", "cbpo_kind", "cbpo_parent", "cbpo_at", "cbpo_entropies")
@@ -60,8 +62,16 @@ def assign(data, method) -> None:
     """Write ``advantages`` and ``returns`` (verl's names) from ``method.credit`` and take the
     method's loss mask into ``response_mask``: a branch's copied prefix gets no loss, as in
     the local trainer."""
-    groups, rows = groups_of(data)
     mask = data.batch["response_mask"]
+    if method.name in DISTILLED:
+        # OPD's advantage, log pi_T - log pi_S, is verl's distillation loss's own (config.py), from
+        # the teacher's log-probs in the batch; OPD.credit would need a teacher in this process.
+        # With use_task_rewards=false verl's PPO loss on these zeros is computed and dropped. OPD
+        # trains every model token: the loss mask stays verl's, the rollouts' model-token mask.
+        data.batch["advantages"] = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        data.batch["returns"] = data.batch["advantages"].clone()
+        return
+    groups, rows = groups_of(data)
     advantages = torch.zeros(mask.shape, dtype=torch.float32)
     loss_mask = torch.zeros(mask.shape, dtype=torch.float32)
     for group_rows, credits in zip(rows, method.credit(groups)):

@@ -31,13 +31,9 @@ def missing_gpu_stack() -> list[str]:
 
 def unsupported(method) -> str | None:
     """Why the verl backend cannot train ``method``; None when it can."""
-    from cbpo import registry
-
-    if hasattr(method, "setup"):
+    # OPD's setup loads the teacher its credit needs: on verl, its distillation does that work
+    if hasattr(method, "setup") and method.name not in verl_config.DISTILLED:
         return "needs the policy model in its own steps, which verl keeps in its workers"
-    if registry.prompt_pool(method) > 1:
-        return ("chooses among more problems than it trains on (DAPO's dynamic sampling: method.filter_groups=false "
-                "turns it off), but verl's agent loop gives the method one problem at a time")
     return None
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from unittest.mock import patch
 
 import numpy as np
+import pandas as pd
 import ray
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
@@ -29,8 +30,9 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.dataset.rl_dataset import collate_fn
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 
+from cbpo import registry
 from cbpo.backends.verl import credit
-from cbpo.backends.verl.agent_loop import GroupRollouts, ServerEngine
+from cbpo.backends.verl.agent_loop import DRAW_STATS, GroupRollouts, ServerEngine
 from cbpo.backends.verl.config import AGENT_LOOP
 from cbpo.chat import build_prompt, resolve_system_prompt
 from cbpo.reward import Rewarder
@@ -65,6 +67,18 @@ def step_searches(non_tensor) -> dict:
     return {key: None if None in n else int(sum(n)) for key, n in counts.items()}
 
 
+def draw_fields(counts: dict) -> dict:
+    """A group's draws of replacement problems (``GroupRollouts.rollout``) as extra fields; none
+    for a method that draws none."""
+    return {f"cbpo_{key}": counts[key] for key in DRAW_STATS if key in counts}
+
+
+def step_draws(non_tensor) -> dict:
+    """A step's draws under the local trainer's names (DAPO's ``step_stats``): its informative
+    groups and the rollouts drawn and not trained on, with their tokens and tool calls."""
+    return {key: int(sum(non_tensor[f"cbpo_{key}"])) for key in DRAW_STATS if f"cbpo_{key}" in non_tensor}
+
+
 def step_rollouts(data) -> dict:
     """The rollout part of a step's metrics line, under the local trainer's names, from verl's
     batch after rewards."""
@@ -82,6 +96,7 @@ def step_rollouts(data) -> dict:
         "tool_seconds": float(sum(nt["cbpo_tool_seconds"])),
         **{f"n_{k}": kinds.count(k) for k in sorted({"parent", "branch", "fill"} | set(kinds))},
         **step_searches(nt),
+        **step_draws(nt),
     }
 
 
@@ -171,6 +186,7 @@ class SuiteTaskRunner(BaseTaskRunner):
     def run(self, config):
         OmegaConf.resolve(config)
         _, worker_group_cls = self.add_actor_rollout_worker(config)
+        self.add_teacher_model_resource_pool(config)  # OPD's teacher pool (config.py); nothing otherwise
         model = omega_conf_to_dataclass(config.actor_rollout_ref.model)
         train, val = (create_rl_dataset(config.data.train_files, config.data, model.tokenizer, model.processor,
                                         is_train=is_train) for is_train in (True, False))
@@ -191,9 +207,16 @@ class SuiteTaskRunner(BaseTaskRunner):
 _GROUPS: dict[str, GroupRollouts] = {}  # per agent-loop worker process and run
 
 
-def group_rollouts(verl_dir: Path, tokenizer, generate, loop, budget: int) -> GroupRollouts:
+def training_rows(train_files: str) -> list[dict]:
+    """The run's training rows from the dataset the launch wrote for verl (``launch.write_inputs``),
+    row i at its ``index`` i."""
+    return [json.loads(info["row"]) for info in pd.read_parquet(train_files, columns=["extra_info"])["extra_info"]]
+
+
+def group_rollouts(verl_dir: Path, train_files: str, tokenizer, generate, loop, budget: int) -> GroupRollouts:
     """The run's method, tools, rewarder and agent settings, built once per worker process from
-    the run's config, as the local trainer builds them."""
+    the run's config, as the local trainer builds them; the training rows where the method
+    draws replacement problems from them."""
     cfg = OmegaConf.load(verl_dir / SUITE_CONFIG)
     method = build_method(cfg, vocab_size=len(tokenizer))
     rl = settings(cfg, "rl")
@@ -207,7 +230,7 @@ def group_rollouts(verl_dir: Path, tokenizer, generate, loop, budget: int) -> Gr
         lambda uid: ServerEngine(generate, loop, uid, **entropy_k, temperature=rl.temperature),
         lambda question: build_prompt(tokenizer, question, system_prompt),
         lambda trajs, row: _reward(tokenizer, rewarder, trajs, [row] * len(trajs)),
-        budget)
+        budget, training_rows(train_files) if registry.prompt_pool(method) > 1 else (), rl.seed)
 
 
 @register(AGENT_LOOP)
@@ -216,23 +239,26 @@ class GroupAgentLoop(AgentLoopBase):
 
     verl builds one agent loop per row, so the rows of a problem (one uid, ``rollout.n`` rows,
     all in one worker: config.py's ``num_workers``) meet in the worker's ``GroupRollouts``. The
-    row's data is the suite's row (``extra_info.row``, written by the launch); verl's sampling
-    parameters are not used: the suite's engine sends its own (temperature ``rl.temperature``)."""
+    row's data is the suite's row and its index in the training rows (``extra_info``, written by
+    the launch); verl's sampling parameters are not used: the suite's engine sends its own
+    (temperature ``rl.temperature``). The rollout may answer a replacement problem (DAPO): its
+    prompt, reward and domain are that problem's, its uid the row's."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         verl_dir = self.config.trainer.default_local_dir
         if verl_dir not in _GROUPS:
-            _GROUPS[verl_dir] = group_rollouts(Path(verl_dir), self.tokenizer, self.server_manager.generate,
-                                               self.loop, self.rollout_config.n)
+            _GROUPS[verl_dir] = group_rollouts(Path(verl_dir), self.config.data.train_files, self.tokenizer,
+                                               self.server_manager.generate, self.loop, self.rollout_config.n)
         self.group = _GROUPS[verl_dir]
 
     async def run(self, sampling_params, **kwargs) -> AgentLoopOutput:
-        row = json.loads(kwargs["extra_info"]["row"])
-        t, k, searches = await self.group.rollout(str(kwargs["uid"]), row)
+        info = kwargs["extra_info"]
+        t, k, row, counts = await self.group.rollout(str(kwargs["uid"]), json.loads(info["row"]), int(info["index"]))
         return AgentLoopOutput(
             prompt_ids=t.prompt_ids, response_ids=t.response_ids, response_mask=[int(m) for m in t.model_mask],
             response_logprobs=t.logprobs, reward_score=t.reward, num_turns=2 * t.tool_calls + 2,
             metrics=AgentLoopMetrics(),
-            extra_fields={**credit.rollout_fields(t, k), **rollout_stats(t, row), **search_fields(searches)},
+            extra_fields={**credit.rollout_fields(t, k), **rollout_stats(t, row), **search_fields(counts),
+                          **draw_fields(counts)},
         )

@@ -112,12 +112,13 @@ def test_grouped_agent_loop_builds_the_local_engines_rollouts(tokenizer):
             cbpo(tokenizer), tokenizer, tools, agent, lambda uid: agent_loop.ServerEngine(server.generate, loop, uid, top_k_entropy=3),
             encode, score, BUDGET)
         # verl's M calls for one uid, concurrently and in order, as its agent-loop worker makes them
-        return await asyncio.gather(*(rollouts.rollout("uid-p", row) for _ in range(BUDGET)))
+        return await asyncio.gather(*(rollouts.rollout("uid-p", row, 0) for _ in range(BUDGET)))
 
     outputs = asyncio.run(verl_side())
-    assert [k for _, k, _ in outputs] == list(range(BUDGET))
-    remote = [t for t, _, _ in outputs]
-    assert all(searches == {} for _, _, searches in outputs)  # no search tool, no counts
+    assert [k for _, k, _, _ in outputs] == list(range(BUDGET))
+    remote = [t for t, _, _, _ in outputs]
+    assert all(answered is row for _, _, answered, _ in outputs)
+    assert all(counts == {} for _, _, _, counts in outputs)  # no search tool, no draws: no counts
 
     kinds = [t.kind for t in local]
     assert "branch" in kinds and kinds.count("parent") == 3  # the plan branched: the comparison is not vacuous
@@ -156,15 +157,16 @@ def test_a_steps_search_counts_are_every_call_once_however_groups_overlap(tokeni
         rollouts = agent_loop.GroupRollouts(
             cbpo(tokenizer), tokenizer, tools, agent, lambda uid: agent_loop.ServerEngine(server.generate, loop, uid, top_k_entropy=3),
             encode, score, BUDGET)
-        return await asyncio.gather(*(rollouts.rollout(f"uid-{row['id']}", row) for row in rows for _ in range(BUDGET)))
+        return await asyncio.gather(*(rollouts.rollout(f"uid-{row['id']}", row, i)
+                                      for i, row in enumerate(rows) for _ in range(BUDGET)))
 
     outputs = asyncio.run(worker())
     assert len(calls) > 0
-    firsts = [searches for _, k, searches in outputs if k == 0]
+    firsts = [searches for _, k, _, searches in outputs if k == 0]
     assert len(firsts) == 2 and sum(s["search_calls"] for s in firsts) == len(calls) == counted.calls
     assert all(s["search_cache_hits"] is None for s in firsts)  # no cache: nothing to count
     assert all(searches == {"search_calls": 0, "search_cache_hits": None, "search_cache_misses": None}
-               for _, k, searches in outputs if k != 0)
+               for _, k, _, searches in outputs if k != 0)
     assert counted.since_last()["search_calls"] == 0  # nothing left over for the next step
 
 
@@ -178,3 +180,115 @@ def test_a_server_without_entropies_is_named(tokenizer):
 
     with pytest.raises(RuntimeError, match="sent no top-K entropies"):
         asyncio.run(go())
+
+
+# DAPO's dynamic sampling inside a group: the row's problem, then replacements from the pool.
+
+AGENT = AgentConfig(max_new_tokens=40, max_total_tokens=120)
+
+
+def dapo(**overrides):
+    return registry.get_method("dapo")(budget=BUDGET, **overrides)
+
+
+def problems(informative, n=6):
+    """``n`` training rows, each with the rewards its group earns: all equal unless the row is
+    informative, and different for every row, so a rollout's reward names its problem."""
+    return [{"id": f"p{i}", "question": f"What is {i} plus 2?", "answer": str(i + 2), "domain": ("math", "search")[i % 2],
+             "rewards": [float((i + 1) * (k % 2)) if i in informative else float(i) for k in range(BUDGET)]}
+            for i in range(n)]
+
+
+def dapo_group(tokenizer, method, rows, index, pool=None):
+    """verl's M calls for the training row ``index``, in one worker: the GroupRollouts, its
+    outputs and the problems whose first turn the server was asked for, in order."""
+    tools, _, _, encode = setup(tokenizer)
+    server = FakeServer(tokenizer)
+
+    def score(trajs, row):
+        for t, r in zip(trajs, row["rewards"]):
+            t.reward = r
+
+    async def worker():
+        loop = asyncio.get_running_loop()
+        rollouts = agent_loop.GroupRollouts(
+            method, tokenizer, tools, AGENT, lambda uid: agent_loop.ServerEngine(server.generate, loop, uid, top_k_entropy=3),
+            encode, score, BUDGET, rows if pool is None else pool, seed=0)
+        return rollouts, await asyncio.gather(*(rollouts.rollout("uid", rows[index], index) for _ in range(BUDGET)))
+
+    rollouts, outputs = asyncio.run(worker())
+    drawn = [r["id"] for _, p, _ in server.requests for r in rows if p == encode(r["question"])]
+    return rollouts, outputs, list(dict.fromkeys(drawn))
+
+
+def answers(tokenizer, outputs, row):
+    """The outputs are the M rollouts of ``row``'s problem: its prompt, rewards and row."""
+    encode = setup(tokenizer)[3]
+    assert all(t.prompt_ids == encode(row["question"]) for t, _, _, _ in outputs)
+    assert [t.reward for t, _, _, _ in outputs] == row["rewards"]
+    assert all(answered is row for _, _, answered, _ in outputs)
+
+
+def counts_on_rollout_zero(outputs, **first):
+    assert outputs[0][3] == first
+    assert all(counts == dict.fromkeys(first, 0) for _, k, _, counts in outputs if k)
+
+
+def test_an_uninformative_rows_group_is_replaced_by_a_replacements_informative_group(tokenizer):
+    rows = problems(informative={1, 2, 3, 4, 5})
+    rollouts, outputs, drawn = dapo_group(tokenizer, dapo(), rows, 0)
+    replacement = rollouts.replacements(0)[0]
+    assert replacement is not rows[0]
+    answers(tokenizer, outputs, replacement)
+    assert drawn == ["p0", replacement["id"]]  # lazily: no other replacement was rolled out
+    # the row's own group, drawn and not returned, counted as the local trainer counts it
+    tools, _, _, encode = setup(tokenizer)
+    (row_group,) = registry.sample_fresh([encode(rows[0]["question"])], BUDGET,
+                                         lambda trajs: run_agent(ScriptedEngine(tokenizer), tokenizer, trajs, tools, AGENT))
+    assert sum(t.tool_calls for t in row_group) > 0
+    counts_on_rollout_zero(outputs, kept_groups=1, extra_rollouts=BUDGET,
+                           extra_generated_tokens=sum(t.generated_tokens for t in row_group),
+                           extra_tool_calls=sum(t.tool_calls for t in row_group))
+
+
+def test_an_informative_first_group_draws_no_replacement(tokenizer):
+    rows = problems(informative={0})
+    _, outputs, drawn = dapo_group(tokenizer, dapo(), rows, 0)
+    answers(tokenizer, outputs, rows[0])
+    assert drawn == ["p0"]
+    counts_on_rollout_zero(outputs, kept_groups=1, extra_rollouts=0, extra_generated_tokens=0, extra_tool_calls=0)
+
+
+def test_when_no_draw_is_informative_the_last_drawn_group_is_returned(tokenizer):
+    rows = problems(informative=set())
+    rollouts, outputs, drawn = dapo_group(tokenizer, dapo(max_num_gen_batches=3), rows, 2)
+    first, last = rollouts.replacements(2)
+    answers(tokenizer, outputs, last)
+    assert drawn == ["p2", first["id"], last["id"]]
+    assert outputs[0][3]["kept_groups"] == 0 and outputs[0][3]["extra_rollouts"] == 2 * BUDGET
+
+
+def test_replacement_draws_are_deterministic_and_never_the_row_itself():
+    def replacements(rows, seed, index, draws=4):
+        return agent_loop.GroupRollouts(dapo(max_num_gen_batches=draws), None, {}, AGENT, None, None, None, BUDGET,
+                                        rows, seed).replacements(index)
+
+    rows = problems(informative=set())
+    drawn = {(seed, i): [r["id"] for r in replacements(rows, seed, i)] for seed in (0, 1) for i in range(len(rows))}
+    assert all(len(ids) == 3 == len(set(ids)) and f"p{i}" not in ids for (_, i), ids in drawn.items())
+    assert drawn == {(seed, i): [r["id"] for r in replacements(rows, seed, i)] for seed, i in drawn}  # a rerun
+    assert any(drawn[0, i] != drawn[1, i] for i in range(len(rows)))  # the seed matters
+    # a pool with fewer other rows than replacements repeats them, still never the row
+    assert [r["id"] for r in replacements(rows[:2], 0, 0)] == ["p1"] * 3
+    with pytest.raises(ValueError, match="the pool has 1"):
+        replacements(rows[:1], 0, 0)
+
+
+@pytest.mark.parametrize("overrides", [{"filter_groups": False}, {"max_num_gen_batches": 1}])
+def test_dapo_offered_one_problem_trains_the_rows_group_and_counts_no_draws(tokenizer, overrides):
+    # filter_groups=false: no dynamic sampling. One draw ("filter without resampling"): the
+    # row's uninformative group is the last drawn, so verl still gets M rollouts.
+    rows = problems(informative=set())
+    _, outputs, drawn = dapo_group(tokenizer, dapo(**overrides), rows, 1, pool=())
+    answers(tokenizer, outputs, rows[1])
+    assert drawn == ["p1"] and all(counts == {} for _, _, _, counts in outputs)

@@ -36,6 +36,7 @@ def test_paper_preset_validates_against_verls_schema_for_every_method(tmp_path, 
     assert v.data.train_batch_size % rollout.agent.num_workers == 0  # no problem's group is split over workers
     assert actor.policy_loss.loss_mode == ("gspo" if method == "gspo" else "vanilla")
     assert (v.trainer.nnodes, v.trainer.n_gpus_per_node) == (1, 8)
+    assert v.distillation.enabled == (method == "opd")  # only OPD's advantage is verl's distillation's
 
 
 def test_method_objective_reaches_verls_actor(tmp_path):
@@ -45,6 +46,84 @@ def test_method_objective_reaches_verls_actor(tmp_path):
     actor = generated(tmp_path, "method=cbpo", "method.beta=0.01").actor_rollout_ref.actor
     assert actor.use_kl_loss is True and actor.kl_loss_coef == 0.01 and actor.kl_loss_type == "low_var_kl"
     assert actor.optim.lr == 1e-6
+
+
+def test_opd_is_verls_on_policy_distillation_from_its_teacher(tmp_path):
+    from verl.experimental.teacher_loop.teacher_manager import AsyncTeacherLLMServerManager
+    from verl.utils.config import omega_conf_to_dataclass
+
+    v = generated(tmp_path, "method=opd", "method.teacher=Qwen/Qwen3-32B")
+    d = v.distillation
+    loss = d.distillation_loss
+    # A_t = -(log pi_S - log pi_T) in verl's vanilla PPO loss, nothing from the task reward, no clamps
+    assert (loss.loss_mode, loss.use_policy_gradient, loss.use_task_rewards) == ("k1", True, False)
+    assert loss.loss_max_clamp is None and loss.log_prob_min_clamp is None
+    assert (loss.clip_ratio, loss.clip_ratio_low, loss.clip_ratio_high) == (0.2, 0.2, 0.2)  # OPD's clip
+    assert v.actor_rollout_ref.actor.loss_agg_mode == "token-mean" and not v.actor_rollout_ref.actor.use_kl_loss
+    (teacher,) = d.teacher_models.values()
+    assert teacher.model_path == "Qwen/Qwen3-32B" and teacher.inference.tensor_model_parallel_size == 4
+    assert (d.n_gpus_per_node, d.nnodes) == (8, 1)  # the teacher's own node, beside the 8 training GPUs
+    # as verl's trainer reads it: two replicas, and every row routed to the one teacher
+    checked = omega_conf_to_dataclass(d)
+    assert [t.num_replicas for t in checked.teacher_models.values()] == [2]
+    manager = AsyncTeacherLLMServerManager(v, {key: None for key in checked.teacher_models})
+    assert {manager._resolve_teacher_key(source) for source in ("math", "search", "", None)} == set(checked.teacher_models)
+
+
+def test_a_local_teacher_is_passed_to_verl_by_its_absolute_path(tmp_path, monkeypatch):
+    # the teacher's servers run in other processes, maybe on another node
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "teacher").mkdir(parents=True)
+    v = generated(tmp_path, "method=opd", "method.teacher=runs/teacher")
+    assert v.distillation.teacher_models.teacher_model.model_path == str(tmp_path / "runs" / "teacher")
+
+
+def test_opd_without_a_teacher_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="opd needs a teacher"):
+        generated(tmp_path, "method=opd")
+
+
+@pytest.mark.parametrize(("overrides", "pool"), [([], (8, 1)), (["verl.teacher_gpus=16"], (8, 2)),
+                                                 (["verl.teacher_gpus=4"], (4, 1)),
+                                                 (["verl.teacher_gpus=12"], None),
+                                                 (["verl.teacher_tensor_parallel=3"], None)])
+def test_the_teacher_pool_is_whole_nodes_or_part_of_one(tmp_path, overrides, pool):
+    if pool is None:
+        with pytest.raises(ValueError, match="verl.teacher_gpus"):
+            generated(tmp_path, "method=opd", "method.teacher=t", *overrides)
+        return
+    d = generated(tmp_path, "method=opd", "method.teacher=t", *overrides).distillation
+    assert (d.n_gpus_per_node, d.nnodes) == pool
+
+
+def test_the_suite_task_runner_gives_the_teacher_its_resource_pool(tmp_path, monkeypatch):
+    """What the task runner (trainer.py) hands the trainer: verl's resource pools for the
+    generated OPD config, the teacher's beside the actor's."""
+    from types import SimpleNamespace
+
+    from verl.trainer.ppo.ray_trainer import Role
+
+    from cbpo.backends.verl import trainer
+
+    class Built(Exception):
+        pass
+
+    def trainer_built(**kwargs):
+        raise Built(kwargs["resource_pool_manager"])
+
+    v = generated(tmp_path, "method=opd", "method.teacher=t")
+    (tmp_path / "verl").mkdir()
+    OmegaConf.save(OmegaConf.create({"wandb": {}}), tmp_path / "verl" / trainer.SUITE_CONFIG)
+    stub = SimpleNamespace(tokenizer=[], processor=None)
+    for name, value in [("omega_conf_to_dataclass", lambda *_: stub), ("create_rl_dataset", lambda *_, **__: None),
+                        ("create_rl_sampler", lambda *_: None), ("build_method", lambda *_, **__: None),
+                        ("MetricsLog", lambda *_: None), ("SuiteTrainer", trainer_built)]:
+        monkeypatch.setattr(trainer, name, value)
+    with pytest.raises(Built) as built:
+        trainer.SuiteTaskRunner.__ray_actor_class__().run(v)
+    pools = built.value.args[0]
+    assert pools.resource_pool_spec == {"global_pool": [8], "teacher_pool": [8]}
+    assert pools.mapping[Role.TeacherModel] == "teacher_pool"
 
 
 def test_a_cluster_verl_rejects_is_refused(tmp_path):

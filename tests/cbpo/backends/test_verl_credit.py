@@ -1,6 +1,9 @@
 """Issue 12 "Done when" (a): on the same batch, the verl path's token advantages and loss masks
 (verl's DataProto, cbpo/backends/verl/credit.py as the trainer subclass calls it) equal the
-local trainer's (cbpo.trainer.rollout_tensors over method.credit)."""
+local trainer's (cbpo.trainer.rollout_tensors over method.credit). OPD's are verl's
+distillation loss's, from the settings config.py generates, and equal baselines/opd.py's."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -48,3 +51,80 @@ def test_verl_path_advantages_and_loss_masks_equal_the_local_trainers(method, cb
     if method == "cbpo":  # a branch's copied prefix has no loss on the verl path either
         branch = flat.index(groups[0][3])
         assert not loss_mask[branch, :4].any() and loss_mask[branch].sum() == 6
+
+
+def opd_rollouts(rng, n: int) -> list:
+    """Student rollouts with observation tokens (no loss) among the model tokens."""
+    from cbpo.trajectory import Trajectory
+
+    out = []
+    for _ in range(n):
+        length = int(rng.integers(4, 12))
+        mask = [bool(m) for m in rng.random(length) < 0.7]
+        mask[0] = True
+        out.append(Trajectory(prompt_ids=[7, 8], response_ids=[3] * length, model_mask=mask, reward=1.0))
+    return out
+
+
+def test_verls_distillation_advantage_is_opds_per_token_credit(monkeypatch):
+    # verl's distillation loss (k1, policy gradient) on padded tensors, with the settings the
+    # suite generates for OPD, against OPD's credit on the same log-probs
+    from verl.trainer.distillation import losses
+    from verl.workers.config import DistillationLossConfig
+
+    from baselines import opd
+    from cbpo.backends.verl.config import VerlConfig, distillation
+
+    rng = np.random.default_rng(0)
+    trajs = opd_rollouts(rng, 6)
+    width = max(len(t.response_ids) for t in trajs) + 3
+    mask = torch.zeros((len(trajs), width), dtype=torch.bool)
+    student, teacher = torch.zeros((len(trajs), width), dtype=torch.float64), torch.zeros((len(trajs), width), dtype=torch.float64)
+    for row, t in enumerate(trajs):
+        mask[row, : len(t.model_mask)] = torch.tensor(t.model_mask)
+    student[mask] = -torch.rand(int(mask.sum()), dtype=torch.float64) * 3
+    teacher[mask] = -torch.rand(int(mask.sum()), dtype=torch.float64) * 3
+    teacher[0, 0] = -30.0  # past verl's default clamp of 10: OPD clamps nothing
+
+    verl_cfg = VerlConfig(nodes=1, gpus_per_node=8, tensor_parallel=1, gpu_memory_utilization=0.6,
+                          micro_batch_per_gpu=4, teacher_gpus=8, teacher_tensor_parallel=4)
+    method = opd.OPD(teacher="some/teacher")
+    settings = distillation(method.cfg, verl_cfg)["distillation_loss"]
+    seen = {}
+
+    def policy_loss(**kwargs):
+        seen.update(kwargs)
+        return torch.tensor(0.0), {}
+
+    monkeypatch.setattr(losses, "no_padding_2_padding", lambda tensor, data: tensor)  # the tensors are padded
+    monkeypatch.setattr(losses, "get_policy_loss_fn", lambda name: policy_loss)
+    actor = SimpleNamespace(loss_agg_mode=method.cfg.loss_agg_mode, global_batch_info={}, loss_scale_factor=None)
+    data = {"response_mask": mask, "teacher_logprobs": teacher.unsqueeze(-1), "old_log_probs": student,
+            "dp_size": 1, "batch_num_tokens": int(mask.sum()), "global_batch_size": len(trajs)}
+    losses.distillation_loss(actor, SimpleNamespace(distillation_loss=DistillationLossConfig(**settings)),
+                             {"log_probs": student}, data)
+
+    # OPD's credit with the same log-probs from its teacher and student forward passes
+    per_model = {"teacher": [teacher[r][mask[r]].numpy() for r in range(len(trajs))],
+                 "student": [student[r][mask[r]].numpy() for r in range(len(trajs))]}
+    monkeypatch.setattr(opd, "model_token_logprobs", lambda model, *_: per_model[model])
+    method.teacher, method.student, method.pad_id, method.temperature = "teacher", "student", 0, 1.0
+    (credits,) = method.credit([trajs])
+    for row, (a, m) in enumerate(credits):
+        assert torch.equal(seen["advantages"][row][mask[row]], torch.from_numpy(a))
+        assert torch.equal(seen["response_mask"][row][mask[row]], torch.from_numpy(m).bool())
+    assert not seen["response_mask"][~mask].any() and seen["loss_agg_mode"] == "token-mean"
+    assert seen["advantages"][0, 0] < -20
+
+
+def test_the_credit_step_on_an_opd_batch_leaves_the_advantage_to_verl(monkeypatch):
+    # no teacher in this process: OPD's own credit (setup never ran) must not be called
+    opd = get_method("opd")
+    monkeypatch.setattr(opd, "credit", lambda self, groups: pytest.fail("OPD.credit needs an in-process teacher"))
+    trajs = opd_rollouts(np.random.default_rng(1), 4)
+    batch = verl_batch([trajs], 16, range(len(trajs)))
+    model_mask = batch.batch["response_mask"].clone()
+    credit.assign(batch, opd(teacher="some/teacher"))
+    assert torch.equal(batch.batch["response_mask"], model_mask)  # every model token, no observation token
+    assert not batch.batch["advantages"].any() and batch.batch["advantages"].shape == model_mask.shape
+    assert torch.equal(batch.batch["returns"], batch.batch["advantages"])

@@ -1,9 +1,10 @@
 """``python -m cbpo.train backend=verl`` on a machine without the GPU stack stops at once,
 naming what is missing, and writes nothing; ``verl.dry_run=true`` prints the generated,
 verl-validated config on any machine; methods that need the policy in their own steps are
-refused. What the launch writes for verl's processes is read back by verl's own dataset and
-agent-loop registration. The launch past the GPU check (Ray, the task runner, the worker
-groups) needs a GPU cluster and is not exercised here."""
+refused, except OPD, which trains as verl's on-policy distillation. What the launch writes for
+verl's processes is read back by verl's own dataset and agent-loop registration. The launch
+past the GPU check (Ray, the task runner, the worker groups) needs a GPU cluster and is not
+exercised here."""
 import asyncio
 import json
 import os
@@ -17,7 +18,7 @@ from hydra import compose, initialize_config_dir
 
 from cbpo import schema
 from cbpo.backends.verl import agent_loop, credit
-from cbpo.backends.verl.launch import missing_gpu_stack, run_verl, write_inputs
+from cbpo.backends.verl.launch import missing_gpu_stack, run_verl, unsupported, write_inputs
 
 pytest.importorskip("verl")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
@@ -59,11 +60,33 @@ def composed(*overrides):
     return cfg
 
 
-@pytest.mark.parametrize(("method", "why"), [("opd", "needs the policy model"), ("oc_grpo", "needs the policy model"),
-                                           ("dapo", "chooses among more problems than it trains on")])
+@pytest.mark.parametrize(("method", "why"), [("oc_grpo", "needs the policy model")])
 def test_methods_verls_agent_loop_cannot_serve_are_refused_before_anything_is_written(tmp_path, method, why):
     cfg = composed("stage=rl", f"method={method}", "preset=paper")
     with pytest.raises(ValueError, match=f"method={method} {why}.*backend=local"):
+        run_verl(cfg, tmp_path / "run")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_opd_trains_on_verl_as_its_distillation(tmp_path):
+    from cbpo.train import build_method
+
+    cfg = composed("stage=rl", "method=opd", "method.teacher=Qwen/Qwen3-32B", "preset=paper")
+    assert unsupported(build_method(cfg, vocab_size=None)) is None
+    out = train(tmp_path, "verl.dry_run=true", "method=opd", "method.teacher=Qwen/Qwen3-32B")
+    assert out.returncode == 0, out.stderr
+    distillation = out.stdout[out.stdout.index("\ndistillation:"):].split("\ntransfer_queue:")[0]
+    for line in ("enabled: true", "loss_mode: k1", "use_task_rewards: false", "use_policy_gradient: true",
+                 "model_path: Qwen/Qwen3-32B", "tensor_model_parallel_size: 4"):
+        assert line in distillation, distillation
+
+
+@pytest.mark.skipif(not missing_gpu_stack(), reason="this machine can run verl")
+def test_dapos_dynamic_sampling_is_launched_with_a_validated_config(tmp_path):
+    # past the config (built and checked by verl) and the method check, the launch stops at the GPUs
+    cfg = composed("stage=rl", "method=dapo", "preset=paper")
+    assert cfg.method.filter_groups and cfg.method.max_num_gen_batches > 1
+    with pytest.raises(RuntimeError, match="backend=verl needs the GPU environment"):
         run_verl(cfg, tmp_path / "run")
     assert list(tmp_path.iterdir()) == []
 
@@ -86,15 +109,36 @@ class FakeServer:
             agent_loop.ENTROPIES: [0.25] * len(ids), agent_loop.FINISH: "stop", agent_loop.STOP: stop})
 
 
+def agent_loop_outputs(generated, tokenizer, server, item, uid="uid-1"):
+    """verl's agent-loop worker on one batch row of its dataset (``item``): the registered agent
+    loop from the launch's file, built as verl's AgentLoopWorker._run_agent_loop builds it, once
+    for each of the uid's rollout.n rows."""
+    import hydra
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    rollout = generated.actor_rollout_ref.rollout
+    registry = {c.name: c for c in OmegaConf.load(rollout.agent.agent_loop_config_path)}
+
+    def build_loop():
+        return hydra.utils.instantiate(
+            registry[rollout.agent.default_agent_loop], trainer_config=DictConfigWrap(generated),
+            server_manager=server, tokenizer=tokenizer, processor=None, hf_model_type=None,
+            dataset_cls=RLHFDataset, data_config=DictConfigWrap(generated.data), tools=ToolListWrap([]))
+
+    async def worker():
+        return await asyncio.gather(*(build_loop().run({}, uid=uid, **item) for _ in range(rollout.n)))
+
+    return asyncio.run(worker())
+
+
 def test_verls_dataset_and_agent_loop_worker_read_what_the_launch_writes(tmp_path):
     # What verl's processes do with the launch's files, on CPU: its dataset reads the rows, and
     # its agent-loop worker registers the config's default agent loop from the file and builds
     # it as verl does for each row; the M rows of one uid return the group's M rollouts.
-    import hydra
-    from omegaconf import OmegaConf
-    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, DictConfigWrap, ToolListWrap
+    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
     from verl.trainer.ppo.utils import create_rl_dataset
-    from verl.utils.dataset.rl_dataset import RLHFDataset
 
     from cbpo.backends.verl.config import build
     from cbpo.chat import build_prompt
@@ -114,18 +158,8 @@ def test_verls_dataset_and_agent_loop_worker_read_what_the_launch_writes(tmp_pat
     assert [json.loads(dataset[i]["extra_info"]["row"]) for i in range(len(rows))] == rows
 
     rollout = generated.actor_rollout_ref.rollout
-    registry = {c.name: c for c in OmegaConf.load(rollout.agent.agent_loop_config_path)}
     server = FakeServer(tokenizer)
-
-    async def verl_worker(row):
-        def build_loop():  # as verl's AgentLoopWorker._run_agent_loop, once per batch row
-            return hydra.utils.instantiate(
-                registry[rollout.agent.default_agent_loop], trainer_config=DictConfigWrap(generated),
-                server_manager=server, tokenizer=tokenizer, processor=None, hf_model_type=None,
-                dataset_cls=RLHFDataset, data_config=DictConfigWrap(generated.data), tools=ToolListWrap([]))
-        return await asyncio.gather(*(build_loop().run({}, uid="uid-1", **row) for _ in range(rollout.n)))
-
-    outputs = asyncio.run(verl_worker(dataset[0]))
+    outputs = agent_loop_outputs(generated, tokenizer, server, dataset[0])
     assert all(isinstance(o, AgentLoopOutput) for o in outputs)
     assert [o.extra_fields["cbpo_index"] for o in outputs] == list(range(rollout.n)) and rollout.n == 4
     prompt = build_prompt(tokenizer, rows[0]["question"], None)  # the smoke preset has no system prompt
@@ -137,3 +171,44 @@ def test_verls_dataset_and_agent_loop_worker_read_what_the_launch_writes(tmp_pat
     # the built-in corpus has no cache: calls are counted, hits and misses are not
     assert [o.extra_fields["cbpo_search_calls"] for o in outputs] == [0] * rollout.n  # the replies never search
     assert all(o.extra_fields["cbpo_search_cache_hits"] is None for o in outputs)
+
+
+def test_dapos_agent_loop_worker_draws_replacements_from_the_rows_the_launch_writes(tmp_path, monkeypatch):
+    # Every reply answers 3, so no group is informative: the worker draws the row's problem and
+    # both others of the pool the launch wrote, each once, and returns the last one's rollouts.
+    from verl.trainer.ppo.utils import create_rl_dataset
+
+    from cbpo.backends.verl import trainer
+    from cbpo.backends.verl.config import build
+    from cbpo.chat import build_prompt
+    from cbpo.models import train_tokenizer
+
+    cfg = composed("stage=rl", "method=dapo", "method.max_num_gen_batches=3", "preset=smoke", "data=twohop",
+                   "verl.gpus_per_node=1", "verl.tensor_parallel=1")
+    out = tmp_path / "run"
+    generated = build(cfg, schema.method_config(cfg), schema.settings(cfg, "rl"), schema.settings(cfg, "verl"),
+                      str(out / "verl" / "train.parquet"), out)
+    rows = [{"id": "q1", "question": "Who founded the city?", "answer": "3", "domain": "search"},
+            {"id": "q2", "question": "Where was she born?", "answer": "3", "domain": "search"},
+            {"id": "q3", "question": "Who wrote the book?", "answer": "4", "domain": "search"}]
+    write_inputs(cfg, generated, rows)
+    tokenizer = train_tokenizer(["<answer>3</answer> Who founded the city? Where was she born? Who wrote the book?"] * 20,
+                                300)
+    dataset = create_rl_dataset(generated.data.train_files, generated.data, tokenizer, None)
+
+    def drawn():  # the outputs, and the problem of every prompt the server was sent, in order
+        server = FakeServer(tokenizer)
+        outputs = agent_loop_outputs(generated, tokenizer, server, dataset[0])
+        return outputs, [next(r for r in rows if build_prompt(tokenizer, r["question"], None) == p)
+                         for p in server.prompts]
+
+    n = generated.actor_rollout_ref.rollout.n
+    outputs, order = drawn()
+    assert [r["id"] for r in order[:n]] == ["q1"] * n and sorted(r["id"] for r in order[n:]) == ["q2"] * n + ["q3"] * n
+    last = order[-1]
+    assert all(o.prompt_ids == build_prompt(tokenizer, last["question"], None) for o in outputs)
+    assert {o.reward_score for o in outputs} == {float(last["answer"] == "3")}  # the last problem's answer
+    assert [o.extra_fields["cbpo_extra_rollouts"] for o in outputs] == [2 * n] + [0] * (n - 1)
+    assert all(o.extra_fields["cbpo_kept_groups"] == 0 for o in outputs)
+    monkeypatch.setattr(trainer, "_GROUPS", {})  # a new worker process
+    assert drawn()[1] == order  # a rerun draws the same

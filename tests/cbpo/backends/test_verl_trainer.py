@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cbpo.backends.verl import credit
+from cbpo.backends.verl.agent_loop import DRAW_STATS
 from cbpo.registry import get_method
 from cbpo.runs import DONE, fingerprint
 
@@ -19,7 +20,7 @@ from verl import DataProto  # noqa: E402
 from verl.trainer.ppo import ray_trainer  # noqa: E402
 from verl.utils import tracking  # noqa: E402
 
-from cbpo.backends.verl.trainer import SuiteTrainer, rollout_stats, search_fields  # noqa: E402
+from cbpo.backends.verl.trainer import SuiteTrainer, draw_fields, rollout_stats, search_fields  # noqa: E402
 from cbpo.trainer import MetricsLog  # noqa: E402
 
 # What verl 0.9.1's fit passes to its logger each step: the actor's metrics renamed with
@@ -41,11 +42,12 @@ def cbpo():
     return get_method("cbpo")(vocab_size=64)
 
 
-def verl_batch(groups, searches=None) -> DataProto:
+def verl_batch(groups, counts=None) -> DataProto:
     """The rollouts as verl's trainer holds them when it computes advantages: right-padded,
     reward on the last response token, rows in another order than the groups (verl balances
-    batches), and the agent loop's extra fields in non_tensor_batch. ``searches``: each
-    group's search counts, on its rollout 0 as the agent loop puts them (none: no search tool)."""
+    batches), and the agent loop's extra fields in non_tensor_batch. ``counts``: each group's
+    search counts and draws, on its rollout 0 as the agent loop puts them (none: no search
+    tool, no draws)."""
     flat = [(g, k, t) for g, group in enumerate(groups) for k, t in enumerate(group)][::-1]
     width = max(len(t.response_ids) for _, _, t in flat) + 3
     mask = torch.zeros((len(flat), width), dtype=torch.int64)
@@ -53,13 +55,13 @@ def verl_batch(groups, searches=None) -> DataProto:
     for row, (_, _, t) in enumerate(flat):
         mask[row, : len(t.model_mask)] = torch.tensor(t.model_mask, dtype=torch.int64)
         rewards[row, len(t.response_ids) - 1] = t.reward
-    def counts(g, k):
-        if searches is None:
+    def of(g, k):
+        if counts is None:
             return {}
-        return searches[g] if k == 0 else {key: None if n is None else 0 for key, n in searches[g].items()}
+        return counts[g] if k == 0 else {key: None if n is None else 0 for key, n in counts[g].items()}
 
-    fields = [{**credit.rollout_fields(t, k), **rollout_stats(t, {"domain": "math"}), **search_fields(counts(g, k))}
-              for g, k, t in flat]
+    fields = [{**credit.rollout_fields(t, k), **rollout_stats(t, {"domain": "math"}), **search_fields(of(g, k)),
+               **draw_fields(of(g, k))} for g, k, t in flat]
 
     def column(name):
         out = np.empty(len(flat), dtype=object)
@@ -121,15 +123,17 @@ def test_the_advantage_step_is_the_suites_credit_and_verls_estimator_never_runs(
     assert ray_trainer.compute_advantage is verls and tracking.Tracking is tracking_class  # only for fit's length
 
 
-def local_record(tmp_path, tokenizer, tiny_causal_lm) -> dict:
-    """One step of the local trainer (GRPO, no search tool): the metrics line it writes."""
+def local_record(tmp_path, tokenizer, tiny_causal_lm, method="grpo", **knobs) -> dict:
+    """One step of the local trainer (no search tool; rewards 0, 1 in every group of two): the
+    metrics line it writes."""
     from cbpo.rollout.agent import AgentConfig
     from cbpo.trainer import RLConfig, rl_train
 
     rows = [{"id": "a", "question": "What is 1 plus 2?", "answer": "3", "domain": "math"}]
     cfg = RLConfig(steps=1, problems_per_step=1, agent=AgentConfig(max_new_tokens=4, max_total_tokens=8))
-    rl_train(tiny_causal_lm(tokenizer), tokenizer, get_method("grpo")(vocab_size=len(tokenizer), budget=2), rows, {},
-             lambda texts, rows: [0.0] * len(texts), cfg, tmp_path / "local", MetricsLog(tmp_path / "local.jsonl"), None)
+    rl_train(tiny_causal_lm(tokenizer), tokenizer, get_method(method)(vocab_size=len(tokenizer), budget=2, **knobs), rows,
+             {}, lambda texts, rows: [float(i % 2) for i in range(len(texts))], cfg, tmp_path / "local",
+             MetricsLog(tmp_path / "local.jsonl"), None)
     (line,) = (tmp_path / "local.jsonl").read_text().splitlines()
     return json.loads(line)
 
@@ -150,6 +154,22 @@ def test_the_metrics_line_has_the_local_trainers_keys(suite_trainer, tmp_path, t
     assert (line["rollout_seconds"], line["wall_seconds"]) == (2.0, 5.0)  # verl's timings of the step
     assert (line["loss"], line["pg_loss"], line["kl"], line["grad_norm"]) == (0.25, 0.2, 0.05, 1.5)
     assert "search_calls" not in line and "search_calls" not in local  # neither run has a search tool
+    assert not set(DRAW_STATS) & set(line)  # CBPO draws no replacement problems
+
+
+def test_the_metrics_line_sums_a_steps_draws_under_the_local_trainers_keys(suite_trainer, tmp_path, tokenizer,
+                                                                            tiny_causal_lm, cbpo_groups):
+    local = local_record(tmp_path, tokenizer, tiny_causal_lm, "dapo", max_num_gen_batches=2)
+    draws = [{"kept_groups": 1, "extra_rollouts": 8, "extra_generated_tokens": 40, "extra_tool_calls": 3},
+             {"kept_groups": 0, "extra_rollouts": 16, "extra_generated_tokens": 70, "extra_tool_calls": 0}]
+    suite_trainer(get_method("dapo")(budget=8), verl_batch(cbpo_groups, counts=draws)).fit()
+
+    (line,) = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert set(DRAW_STATS) <= set(local)  # the keys the local trainer logs for DAPO
+    # gen_batches counts the local trainer's batches of the step's size; verl draws per group
+    assert set(local) - {"gen_batches"} <= set(line), sorted(set(local) - set(line))
+    assert {key: line[key] for key in DRAW_STATS} == {"kept_groups": 1, "extra_rollouts": 24,
+                                                      "extra_generated_tokens": 110, "extra_tool_calls": 3}
 
 
 @pytest.mark.parametrize("cached", [True, False])
@@ -158,7 +178,7 @@ def test_the_metrics_line_counts_the_steps_searches(suite_trainer, tmp_path, cbp
         return {"search_calls": calls, "search_cache_hits": hits if cached else None,
                 "search_cache_misses": calls - hits if cached else None}
 
-    suite_trainer(cbpo(), verl_batch(cbpo_groups, searches=[counts(3, 2), counts(5, 1)])).fit()
+    suite_trainer(cbpo(), verl_batch(cbpo_groups, counts=[counts(3, 2), counts(5, 1)])).fit()
     (line,) = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     expected = (8, 3, 5) if cached else (8, None, None)  # as the local trainer's step_search_stats
     assert (line["search_calls"], line["search_cache_hits"], line["search_cache_misses"]) == expected
