@@ -11,11 +11,20 @@ Implemented (BASELINES.md section 6):
    "privileged" marks the hinted ones).
 2. Off-context training: a privileged rollout is trained under x. Its importance weight
    pi_old(y_t | x, y_<t) / pi_b(y_t | x, p, y_<t), capped at ``is_cap`` = 2 (truncated IS), both
-   log-probs computed here with the pre-update policy at the scoring temperature, multiplies its
-   token advantages. With one optimiser step per batch (``rl.ppo_mini_batches=1``) the clipped
-   ratio is 1 at the gradient, so this is the clipped surrogate against the behaviour policy of
-   BASELINES.md.
+   log-probs from the pre-update policy at the scoring temperature (``off_context``; computed
+   here with the model ``setup`` gives), multiplies its token advantages. With one optimiser
+   step per batch (``rl.ppo_mini_batches=1``) the clipped ratio is 1 at the gradient, so this is
+   the clipped surrogate against the behaviour policy of BASELINES.md.
 3. GRPO advantages over all M rewards; a privileged rollout that copies p verbatim gets reward 0.
+
+On verl (cbpo/backends/verl/): collect runs in the agent loop without the model
+(``setup(None, ...)``) and each rollout carries its hinted prompt and leak flag. The trainer
+takes the old log-probs from verl's ``old_log_probs`` (the actor before the update, hint-free,
+at ``rl.temperature``: the local scoring temperature unless that is 0) and the behaviour
+log-probs from one more pass of that actor call over the privileged rows with their hinted
+prompts (longer than verl's ``rollout.prompt_length``: that pass sizes its prompt block to
+them), then ``off_context``. Both come from verl's FSDP actor, so they match the local forward
+pass up to its numerics (bf16, fused kernels).
 
 [APPROX] No page, abstract or code of arXiv 2607.19313 was reachable: this is the mechanism of
 the closest public method, Guide-GRPO (Nath et al., arXiv 2506.13923: hints only for all-failed
@@ -77,15 +86,18 @@ class OCGRPO:
     def __init__(self, vocab_size: int | None = None, **overrides: Any):
         # vocab_size is part of every method's constructor; OC-GRPO does not need it.
         self.cfg = OCGRPOConfig.from_overrides(overrides)
-        self.model = None
-        self.last_weights: list[dict[int, np.ndarray]] = []  # [problem] -> {rollout: IS weight per token}
+        self.model = self.tokenizer = None
+        self.last_hinted: list[dict[int, list[int]]] = []  # [problem] -> {privileged rollout: its prompt (x, p)}
+        self.last_weights: list[dict[int, np.ndarray]] = []  # [problem] -> {privileged rollout: IS weight per token}
         self.last_leaks: list[set[int]] = []  # [problem] -> privileged rollouts that copied the hint
 
     def setup(self, model, tokenizer, temperature: float) -> None:
+        """``model`` None: collect samples and flags leaks only, and the backend that trains
+        supplies the log-probs through ``off_context`` (verl's actor, cbpo/backends/verl/trainer.py)."""
         self.model, self.tokenizer, self.temperature = model, tokenizer, temperature
 
     def collect(self, prompts: Sequence[list[int]], sample: Sampler, problems: Problems) -> list[list[Trajectory]]:
-        if self.model is None:
+        if self.tokenizer is None:
             raise RuntimeError("oc_grpo: setup(model, tokenizer, temperature) must run before collect")
         half, rest = self.cfg.budget // 2, self.cfg.budget - self.cfg.budget // 2
         groups = sample_fresh(prompts, half, sample)
@@ -98,31 +110,52 @@ class OCGRPO:
             for x in owners
         ])
         hinted = [k for k, t in enumerate(done) if t.kind == "privileged"]
-        pad = self.tokenizer.pad_token_id
-        behaviour = model_token_logprobs(self.model, [done[k] for k in hinted], pad, self.temperature)
-        for k in hinted:  # from here on a privileged rollout lives in the hint-free context it is trained in
-            done[k] = replace(done[k], prompt_ids=list(prompts[owners[k]]))
-        old = model_token_logprobs(self.model, [done[k] for k in hinted], pad, self.temperature)
         texts = self.tokenizer.batch_decode([done[k].response_ids for k in hinted], skip_special_tokens=False)
-        self.last_weights = [{} for _ in prompts]
-        self.last_leaks = [set() for _ in prompts]
-        for k, lb, lo, text in zip(hinted, behaviour, old, texts):
+        self.last_hinted = [{} for _ in prompts]
+        leaks = [set() for _ in prompts]
+        for k, text in zip(hinted, texts):
             x = owners[k]
             slot = half + k - x * rest  # its index in groups[x] once appended below
-            self.last_weights[x][slot] = off_context_weights(lo, lb, self.cfg.is_cap)
+            self.last_hinted[x][slot] = done[k].prompt_ids
             if hints[x] in text:
-                self.last_leaks[x].add(slot)
+                leaks[x].add(slot)
+            # from here on a privileged rollout lives in the hint-free context it is trained in
+            done[k] = replace(done[k], prompt_ids=list(prompts[x]))
         for x, t in zip(owners, done):
             groups[x].append(t)
+        self.last_weights, self.last_leaks = [{} for _ in prompts], leaks
+        if self.model is not None:
+            self.off_context(self.model_logprobs(groups), leaks)
         return groups
+
+    def model_logprobs(self, groups: Sequence[Sequence[Trajectory]]) -> list[dict[int, tuple[np.ndarray, np.ndarray]]]:
+        """Per problem, privileged slot -> (old, behaviour) log-probs of its model tokens: the
+        pre-update policy at the scoring temperature, without and with the hint."""
+        slots = [(x, k) for x, hinted in enumerate(self.last_hinted) for k in hinted]
+        trajs = [groups[x][k] for x, k in slots]
+        pad = self.tokenizer.pad_token_id
+        with_hint = [replace(t, prompt_ids=self.last_hinted[x][k]) for (x, k), t in zip(slots, trajs)]
+        behaviour = model_token_logprobs(self.model, with_hint, pad, self.temperature)
+        old = model_token_logprobs(self.model, trajs, pad, self.temperature)
+        out = [{} for _ in groups]
+        for (x, k), lo, lb in zip(slots, old, behaviour):
+            out[x][k] = (lo, lb)
+        return out
+
+    def off_context(self, logprobs: Sequence[Mapping[int, tuple[np.ndarray, np.ndarray]]],
+                    leaks: Sequence[set[int]]) -> None:
+        """What ``credit`` needs of the last collect's privileged rollouts: per problem, slot ->
+        (old, behaviour) log-probs of its model tokens, and the slots that leaked the hint."""
+        self.last_weights = [{k: off_context_weights(lo, lb, self.cfg.is_cap) for k, (lo, lb) in slots.items()}
+                             for slots in logprobs]
+        self.last_leaks = [set(s) for s in leaks]
 
     def credit(self, groups: Sequence[Sequence[Trajectory]]) -> list[list[TokenCredit]]:
         out = []
         for x, g in enumerate(groups):
             rewards = np.array([0.0 if k in self.last_leaks[x] else t.reward for k, t in enumerate(g)], dtype=np.float64)
             adv = grpo_advantages(rewards, self.cfg.eps)
-            out.append([
-                (a * self.last_weights[x].get(k, np.ones(t.n_model_tokens)), np.ones(t.n_model_tokens, dtype=np.int8))
-                for k, (t, a) in enumerate(zip(g, adv))
-            ])
+            # every privileged rollout has its weight: a missing one is an error, not a weight of 1
+            weights = [self.last_weights[x][k] if t.kind == "privileged" else np.ones(t.n_model_tokens) for k, t in enumerate(g)]
+            out.append([(a * w, np.ones(t.n_model_tokens, dtype=np.int8)) for t, a, w in zip(g, adv, weights)])
         return out

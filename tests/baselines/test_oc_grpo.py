@@ -72,3 +72,64 @@ def test_a_privileged_rollout_that_copies_the_hint_gets_reward_zero(problems, re
 def test_budget_is_split_in_two_halves():
     with pytest.raises(ValueError, match="two halves"):
         OCGRPO(budget=1)
+
+
+def leaky_sampler(tokenizer, rows):
+    """Scripted rollouts with observation tokens; the first privileged rollout of a batch copies
+    its problem's hint."""
+    leak = tokenizer(hint(rows[0]), add_special_tokens=False)["input_ids"]
+
+    def sample(trajs):
+        out = []
+        for j, t in enumerate(trajs):
+            ids = leak if t.kind == "privileged" and j == 0 else [5, 6, 9, 9, 7, 8]
+            mask = [True] * len(ids) if ids is leak else [True, True, False, False, True, True]
+            out.append(Trajectory(list(t.prompt_ids), list(ids), mask, [0.0] * len(ids), [0.1] * len(ids), finish="answer", kind=t.kind))
+        return out
+
+    return sample
+
+
+def test_local_credit_is_the_capped_weight_times_grpo_on_every_rollout(problems, reward_rest, policy, tokenizer, logprobs_by_hand):
+    # Problem 0 fails its plain half (hinted, one privileged rollout leaks), problem 1 does not.
+    batch = problems(2, lambda i, k: float(i == 1 and k == 1), by_index=True)
+    method = OCGRPO(budget=4, is_cap=1.5)
+    method.setup(policy, tokenizer, 0.7)
+    groups = method.collect([[1, 2], [3]], leaky_sampler(tokenizer, batch.rows), batch)
+    reward_rest(groups, lambda k: 1.0)
+    credits = method.credit(groups)
+    for x, prompt in enumerate(([1, 2], [3])):
+        rewards = np.array([0.0 if (x, k) == (0, 2) else t.reward for k, t in enumerate(groups[x])])
+        adv = grpo_advantages(rewards)
+        for k, t in enumerate(groups[x]):
+            weight = np.ones(t.n_model_tokens)
+            if t.kind == "privileged":
+                model = t.model_positions()
+                old = logprobs_by_hand(policy, prompt, t.response_ids, 0.7)[model]
+                behaviour = logprobs_by_hand(policy, HINTED_PROMPT, t.response_ids, 0.7)[model]
+                weight = np.minimum(np.exp(old - behaviour), 1.5)
+            np.testing.assert_allclose(credits[x][k][0], adv[k] * weight, atol=1e-5)
+            assert credits[x][k][1].tolist() == [1] * t.n_model_tokens
+    assert [t.kind for t in groups[0]][2:] == ["privileged"] * 2 and {t.kind for t in groups[1]} == {"parent"}
+
+
+def test_without_a_model_collect_records_the_privileged_rollouts_and_off_context_weights_them(problems, reward_rest, tokenizer):
+    # The verl path: no model in collect; the backend hands over both log-probs per rollout.
+    batch = problems(2, lambda i, k: float(i == 1 and k == 1), by_index=True)
+    method = OCGRPO(budget=4, is_cap=2.0)
+    method.setup(None, tokenizer, 1.0)
+    groups = method.collect([[1, 2], [3]], leaky_sampler(tokenizer, batch.rows), batch)
+    assert method.last_hinted == [{2: HINTED_PROMPT, 3: HINTED_PROMPT}, {}] and method.last_leaks == [{2}, set()]
+    assert all(t.prompt_ids == [1, 2] for t in groups[0])  # trained hint-free
+    reward_rest(groups, lambda k: 1.0)
+    with pytest.raises(KeyError):  # no weights yet: a privileged rollout is never weighted 1 by default
+        method.credit(groups)
+    leaked = groups[0][2].n_model_tokens
+    old = {2: np.log(np.full(leaked, 0.5)), 3: np.log([0.2, 0.2, 0.9, 0.9])}
+    behaviour = {2: np.log(np.full(leaked, 0.25)), 3: np.log([0.4, 0.4, 0.3, 0.3])}
+    method.off_context([{k: (old[k], behaviour[k]) for k in (2, 3)}, {}], [{2}, set()])
+    credits = method.credit(groups)
+    adv = grpo_advantages(np.array([0.0, 0.0, 0.0, 1.0]))
+    np.testing.assert_allclose(credits[0][2][0], adv[2] * np.minimum(np.exp(old[2] - behaviour[2]), 2.0))
+    np.testing.assert_allclose(credits[0][3][0], adv[3] * np.array([0.5, 0.5, 2.0, 2.0]))
+    np.testing.assert_allclose(credits[0][0][0], np.full(groups[0][0].n_model_tokens, adv[0]))

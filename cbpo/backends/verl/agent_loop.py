@@ -28,12 +28,14 @@ under the row's uid; the rollouts it drew and does not return are counted (``DRA
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from cbpo import registry
+from cbpo.backends.verl.credit import OFF_CONTEXT
 from cbpo.rollout.agent import AgentConfig, run_agent
 from cbpo.rollout.engine import Sample, check_sample_args, check_sampling_settings
 from cbpo.rollout.vllm_engine import stop_reason
@@ -114,9 +116,11 @@ class GroupRollouts:
         self._groups: dict[str, tuple[asyncio.Task, itertools.count]] = {}
 
     async def rollout(self, uid: str, row: Mapping[str, Any],
-                      index: int) -> tuple[Trajectory, int, Mapping[str, Any], dict]:
+                      index: int) -> tuple[Trajectory, int, Mapping[str, Any], dict, tuple[list[int], bool]]:
         """Rollout k of the problem's group, k, the problem it answers (the row's, or the
-        replacement the method kept) and the group's counts, for the k-th call with this uid.
+        replacement the method kept), the group's counts and, for a privileged rollout
+        (OC-GRPO), the hinted prompt it was sampled from and whether it leaked the hint
+        (``([], False)`` for any other), for the k-th call with this uid.
 
         The counts go with rollout 0, zeros with the others: the search counts
         (``CountedSearch.since_last`` of this worker's search tool, read as the group ends) and,
@@ -131,8 +135,9 @@ class GroupRollouts:
         k = next(counter)
         if k == self.budget - 1:
             del self._groups[uid]
-        group, answered, counts = await task
-        return group[k], k, answered, counts if k == 0 else {key: None if n is None else 0 for key, n in counts.items()}
+        group, answered, counts, hinted = await task
+        counts = counts if k == 0 else {key: None if n is None else 0 for key, n in counts.items()}
+        return group[k], k, answered, counts, hinted.get(k, ([], False))
 
     def replacements(self, index: int) -> list[Mapping[str, Any]]:
         """The P - 1 problems offered after the pool's row ``index``, never that row: drawn from
@@ -144,8 +149,11 @@ class GroupRollouts:
         return [self.pool[int(i)] for i in rng.choice(others, self.draws - 1, replace=len(others) < self.draws - 1)]
 
     def _collect(self, uid: str, row: Mapping[str, Any],
-                 index: int) -> tuple[list[Trajectory], Mapping[str, Any], dict]:
+                 index: int) -> tuple[list[Trajectory], Mapping[str, Any], dict, dict[int, tuple[list[int], bool]]]:
         engine = self.engine_for(uid)
+        # groups collect at once in threads: each on its own shallow copy, so what a method keeps
+        # of its last collect (OC-GRPO's hinted prompts and leaks) is its group's
+        method = copy.copy(self.method)
         rows = [row, *self.replacements(index)] if self.draws > 1 else [row]
         drawn: list[tuple[Mapping[str, Any], list[Trajectory]]] = []  # in the order the method scores them
 
@@ -157,7 +165,7 @@ class GroupRollouts:
                 self.score(g, rows[i])  # each problem's rollouts against its own answer
                 drawn.append((rows[i], g))
 
-        groups = registry.collect(self.method, [self.encode(r["question"]) for r in rows], sample,
+        groups = registry.collect(method, [self.encode(r["question"]) for r in rows], sample,
                                   registry.Problems(rows, self.encode, score))
         kept = [(r, g) for r, g in zip(rows, groups) if g]
         # With no informative group in P draws the local trainer trains on fewer problems; verl's
@@ -176,4 +184,14 @@ class GroupRollouts:
             counts |= {"kept_groups": len(kept), "extra_rollouts": len(extra),
                        "extra_generated_tokens": sum(t.generated_tokens for t in extra),
                        "extra_tool_calls": sum(t.tool_calls - t.copied_tool_calls for t in extra)}
-        return group, answered, counts
+        return group, answered, counts, privileged(method, groups, group)
+
+
+def privileged(method, groups: Sequence[list[Trajectory]],
+               group: list[Trajectory]) -> dict[int, tuple[list[int], bool]]:
+    """The privileged rollouts of ``group``, one of ``groups`` from the method's last collect:
+    slot -> (hinted prompt, leaked); none for a method without them."""
+    if method.name not in OFF_CONTEXT:
+        return {}
+    x = next(i for i, g in enumerate(groups) if g is group)
+    return {k: (list(p), k in method.last_leaks[x]) for k, p in method.last_hinted[x].items()}

@@ -7,11 +7,14 @@ group into ``extra_fields`` (``rollout_fields``), verl carries them in ``non_ten
 and the trainer subclass calls ``assign`` after rewards, in place of verl's estimator. The
 rows are regrouped by uid and ordered by their index in the group, so verl's batch
 balancing (which reorders rows) changes nothing. OPD's advantage is verl's distillation loss's
-(config.py), not computed here.
+(config.py), not computed here. OC-GRPO's importance weights need the actor's log-probs of
+its privileged rollouts in their hinted context: the trainer computes them and ``off_context``
+hands them, with verl's ``old_log_probs``, to the method before ``assign``.
 """
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -19,15 +22,20 @@ import torch
 from cbpo.backends.verl.config import DISTILLED
 from cbpo.trajectory import Trajectory
 
-FIELDS = ("cbpo_index", "cbpo_kind", "cbpo_parent", "cbpo_at", "cbpo_entropies")
+FIELDS = ("cbpo_index", "cbpo_kind", "cbpo_parent", "cbpo_at", "cbpo_entropies", "cbpo_hinted_prompt", "cbpo_leaked")
+# Methods whose privileged rollouts verl's actor rescores in their hinted context before credit
+# (SuiteTrainer.suite_credit): their setup's model work is verl's.
+OFF_CONTEXT = frozenset({"oc_grpo"})
 
 
-def rollout_fields(t: Trajectory, index: int) -> dict:
+def rollout_fields(t: Trajectory, index: int, hinted_prompt: Sequence[int] = (), leaked: bool = False) -> dict:
     """What one rollout's ``AgentLoopOutput.extra_fields`` carries for credit: its index in
-    the problem's group, kind, parent and branch point, and per-token entropies (EAPO, AEPO
-    weight tokens by them)."""
+    the problem's group, kind, parent and branch point, per-token entropies (EAPO, AEPO
+    weight tokens by them) and, for OC-GRPO's privileged rollouts, the hinted prompt (x, p)
+    it was sampled from and whether it leaked the hint."""
     return {"cbpo_index": index, "cbpo_kind": t.kind, "cbpo_parent": -1 if t.parent is None else t.parent,
-            "cbpo_at": -1 if t.at is None else t.at, "cbpo_entropies": list(t.entropies)}
+            "cbpo_at": -1 if t.at is None else t.at, "cbpo_entropies": list(t.entropies),
+            "cbpo_hinted_prompt": list(hinted_prompt), "cbpo_leaked": bool(leaked)}
 
 
 def groups_of(data) -> tuple[list[list[Trajectory]], list[list[int]]]:
@@ -36,15 +44,37 @@ def groups_of(data) -> tuple[list[list[Trajectory]], list[list[int]]]:
     nt = data.non_tensor_batch
     mask = data.batch["response_mask"].bool().cpu().numpy()
     rewards = data.batch["token_level_rewards"].sum(-1).tolist()
+    rows = group_rows(nt)
+    return [[_trajectory(mask[r], rewards[r], nt, r) for r in members] for members in rows], rows
+
+
+def group_rows(nt) -> list[list[int]]:
+    """The batch rows of each group (one per uid, in order of first appearance), in group order."""
     rows_of: dict[object, list[int]] = defaultdict(list)
     for row, uid in enumerate(nt["uid"]):
         rows_of[uid].append(row)
-    groups, rows = [], []
-    for members in rows_of.values():
-        members.sort(key=lambda r: nt["cbpo_index"][r])
-        groups.append([_trajectory(mask[r], rewards[r], nt, r) for r in members])
-        rows.append(members)
-    return groups, rows
+    return [sorted(members, key=lambda r: nt["cbpo_index"][r]) for members in rows_of.values()]
+
+
+def privileged_rows(data) -> list[int]:
+    """The batch rows of privileged rollouts (OC-GRPO's hinted ones), in batch order."""
+    return [row for row, kind in enumerate(data.non_tensor_batch["cbpo_kind"]) if kind == "privileged"]
+
+
+def off_context(data, method, behaviour: torch.Tensor) -> None:
+    """OC-GRPO's privileged rollouts on verl's batch, handed to ``method.off_context`` for its
+    credit: old log-probs are verl's ``old_log_probs`` (the actor before the update, hint-free
+    context), behaviour log-probs ``behaviour`` (one row per ``privileged_rows``, the same
+    actor on the hinted prompt), both on the rollout's model tokens; leaks as the agent loop
+    flagged them."""
+    nt = data.non_tensor_batch
+    mask = data.batch["response_mask"].bool().cpu()
+    old = data.batch["old_log_probs"].double().cpu()
+    by_row = dict(zip(privileged_rows(data), behaviour.double().cpu()))
+    rows = group_rows(nt)
+    logprobs = [{k: (old[r][mask[r]].numpy(), by_row[r][mask[r]].numpy()) for k, r in enumerate(members) if r in by_row}
+                for members in rows]
+    method.off_context(logprobs, [{k for k, r in enumerate(members) if nt["cbpo_leaked"][r]} for members in rows])
 
 
 def _trajectory(mask: np.ndarray, reward: float, nt, row: int) -> Trajectory:

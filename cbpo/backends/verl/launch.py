@@ -20,6 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from cbpo.backends.verl import config as verl_config
+from cbpo.backends.verl import credit
 from cbpo.schema import method_config, settings
 
 
@@ -31,8 +32,10 @@ def missing_gpu_stack() -> list[str]:
 
 def unsupported(method) -> str | None:
     """Why the verl backend cannot train ``method``; None when it can."""
-    # OPD's setup loads the teacher its credit needs: on verl, its distillation does that work
-    if hasattr(method, "setup") and method.name not in verl_config.DISTILLED:
+    # A setup hook gives a method models for its own steps. verl does that work for the methods
+    # named here: OPD's teacher is verl's distillation, OC-GRPO's rescoring is verl's actor
+    # (credit.OFF_CONTEXT); a method with another setup would miss what it asks for.
+    if hasattr(method, "setup") and method.name not in verl_config.DISTILLED | credit.OFF_CONTEXT:
         return "needs the policy model in its own steps, which verl keeps in its workers"
     return None
 

@@ -17,9 +17,12 @@ from unittest.mock import patch
 import numpy as np
 import pandas as pd
 import ray
+import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
+from verl import DataProto
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.main_ppo_v0 import BaseTaskRunner
 from verl.trainer.ppo import ray_trainer
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
@@ -28,6 +31,7 @@ from verl.utils import tracking
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.dataset.rl_dataset import collate_fn
+from verl.utils.model import compute_position_id_with_mask
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 
 from cbpo import registry
@@ -100,6 +104,31 @@ def step_rollouts(data) -> dict:
     }
 
 
+def hinted_batch(data, rows: list[int], pad_id: int) -> DataProto:
+    """The batch's ``rows`` in verl's layout (its agent loop's ``_agent_loop_postprocess``) with
+    each row's hinted prompt (``cbpo_hinted_prompt``) in place of its hint-free one and the same
+    response: ``prompts`` left-padded, ``responses`` and ``response_mask`` the batch's,
+    ``input_ids`` both, ``attention_mask`` and text-only ``position_ids`` from it, and the
+    batch's ``meta_info`` (temperature). Hinted prompts are longer than the rows' own and may
+    exceed ``rollout.prompt_length``, the width of the batch's prompt block: this block is as
+    wide as the longest of them instead, which the actor accepts (it strips the padding,
+    ``left_right_2_no_padding``); each sequence is the one the server sampled, so it fits the
+    model's context."""
+    prompts = [torch.as_tensor(list(data.non_tensor_batch["cbpo_hinted_prompt"][r]), dtype=torch.long) for r in rows]
+    index = torch.as_tensor(rows)
+    responses = data.batch["responses"][index]
+    prompt_ids = torch.nn.utils.rnn.pad_sequence(prompts, batch_first=True, padding_value=pad_id, padding_side="left")
+    prompt_mask = torch.nn.utils.rnn.pad_sequence([torch.ones_like(p) for p in prompts], batch_first=True,
+                                                  padding_side="left")
+    response_attention = data.batch["attention_mask"][index, -responses.shape[1]:]
+    attention_mask = torch.cat([prompt_mask.to(response_attention.dtype), response_attention], dim=1)
+    return DataProto.from_dict(tensors={
+        "prompts": prompt_ids, "responses": responses, "response_mask": data.batch["response_mask"][index],
+        "input_ids": torch.cat([prompt_ids, responses], dim=1), "attention_mask": attention_mask,
+        "position_ids": compute_position_id_with_mask(attention_mask),
+    }, meta_info=dict(data.meta_info))
+
+
 def policy_stats(metrics) -> dict:
     """verl's actor metrics (``actor/pg_loss``, ``actor/grad_norm``, ...) under the local
     trainer's names (``pg_loss``, ``grad_norm``; its KL term is ``kl``)."""
@@ -141,10 +170,29 @@ class SuiteTrainer(RayPPOTrainer):
 
     def suite_credit(self, data, *_, **__):
         """verl's advantage step (``compute_advantage``'s place): the method's own credit on the
-        batch, which also sets the loss mask; verl's estimator is never called."""
+        batch, which also sets the loss mask; verl's estimator is never called. OC-GRPO's
+        privileged rollouts are first rescored by the actor in their hinted context."""
+        if self.method.name in credit.OFF_CONTEXT:
+            credit.off_context(data, self.method, self.behaviour_log_probs(data))
         credit.assign(data, self.method)
         self._rollouts = step_rollouts(data)
         return data
+
+    def behaviour_log_probs(self, data) -> torch.Tensor:
+        """log pi_b(y_t | x, p, y_<t) of the privileged rows' response tokens (``credit.
+        privileged_rows``, responses right-padded as in the batch): the privileged rows with
+        their hinted prompts (``hinted_batch``) through the call that gave the batch its
+        ``old_log_probs`` (verl's ``_compute_old_log_prob``: the actor before this step's update,
+        at the batch's ``meta_info`` temperature, ``rollout.temperature``), padded to a multiple
+        of the actor's data-parallel size as verl pads its batches for a worker group."""
+        rows = credit.privileged_rows(data)
+        if not rows:
+            return torch.zeros((0, data.batch["responses"].shape[1]))
+        hinted, pad = pad_dataproto_to_divisor(hinted_batch(data, rows, self.tokenizer.pad_token_id),
+                                               self._get_dp_size(self.actor_rollout_wg, "actor"))
+        hinted.meta_info["global_token_num"] = hinted.batch["attention_mask"].sum(-1).tolist()  # verl's MFU count
+        out, _ = self._compute_old_log_prob(hinted)
+        return unpad_dataproto(out, pad).batch["old_log_probs"]
 
     def log_step(self, metrics, step: int) -> None:
         self.log.log({"step": int(step), **self._rollouts, "rollout_seconds": float(metrics["timing_s/gen"]),
@@ -220,6 +268,9 @@ def group_rollouts(verl_dir: Path, train_files: str, tokenizer, generate, loop, 
     cfg = OmegaConf.load(verl_dir / SUITE_CONFIG)
     method = build_method(cfg, vocab_size=len(tokenizer))
     rl = settings(cfg, "rl")
+    if method.name in credit.OFF_CONTEXT:
+        # no model here: collect samples and flags leaked hints (decoding), the actor rescores
+        registry.setup(method, None, tokenizer, rl.temperature)
     tools = build_tools(cfg.data.tools, cfg.tools_cfg, search_seed=cfg.data.seed, data_root=cfg.data_root)
     rewarder = Rewarder()  # its verifier pool lives as long as the worker
     system_prompt = resolve_system_prompt(cfg.system_prompt)
@@ -254,11 +305,12 @@ class GroupAgentLoop(AgentLoopBase):
 
     async def run(self, sampling_params, **kwargs) -> AgentLoopOutput:
         info = kwargs["extra_info"]
-        t, k, row, counts = await self.group.rollout(str(kwargs["uid"]), json.loads(info["row"]), int(info["index"]))
+        t, k, row, counts, (hinted, leaked) = await self.group.rollout(str(kwargs["uid"]), json.loads(info["row"]),
+                                                                      int(info["index"]))
         return AgentLoopOutput(
             prompt_ids=t.prompt_ids, response_ids=t.response_ids, response_mask=[int(m) for m in t.model_mask],
             response_logprobs=t.logprobs, reward_score=t.reward, num_turns=2 * t.tool_calls + 2,
             metrics=AgentLoopMetrics(),
-            extra_fields={**credit.rollout_fields(t, k), **rollout_stats(t, row), **search_fields(counts),
+            extra_fields={**credit.rollout_fields(t, k, hinted, leaked), **rollout_stats(t, row), **search_fields(counts),
                           **draw_fields(counts)},
         )

@@ -115,10 +115,10 @@ def test_grouped_agent_loop_builds_the_local_engines_rollouts(tokenizer):
         return await asyncio.gather(*(rollouts.rollout("uid-p", row, 0) for _ in range(BUDGET)))
 
     outputs = asyncio.run(verl_side())
-    assert [k for _, k, _, _ in outputs] == list(range(BUDGET))
-    remote = [t for t, _, _, _ in outputs]
-    assert all(answered is row for _, _, answered, _ in outputs)
-    assert all(counts == {} for _, _, _, counts in outputs)  # no search tool, no draws: no counts
+    assert [k for _, k, _, _, _ in outputs] == list(range(BUDGET))
+    remote = [t for t, _, _, _, _ in outputs]
+    assert all(answered is row for _, _, answered, _, _ in outputs)
+    assert all(counts == {} for _, _, _, counts, _ in outputs)  # no search tool, no draws: no counts
 
     kinds = [t.kind for t in local]
     assert "branch" in kinds and kinds.count("parent") == 3  # the plan branched: the comparison is not vacuous
@@ -162,11 +162,11 @@ def test_a_steps_search_counts_are_every_call_once_however_groups_overlap(tokeni
 
     outputs = asyncio.run(worker())
     assert len(calls) > 0
-    firsts = [searches for _, k, _, searches in outputs if k == 0]
+    firsts = [searches for _, k, _, searches, _ in outputs if k == 0]
     assert len(firsts) == 2 and sum(s["search_calls"] for s in firsts) == len(calls) == counted.calls
     assert all(s["search_cache_hits"] is None for s in firsts)  # no cache: nothing to count
     assert all(searches == {"search_calls": 0, "search_cache_hits": None, "search_cache_misses": None}
-               for _, k, _, searches in outputs if k != 0)
+               for _, k, _, searches, _ in outputs if k != 0)
     assert counted.since_last()["search_calls"] == 0  # nothing left over for the next step
 
 
@@ -224,14 +224,14 @@ def dapo_group(tokenizer, method, rows, index, pool=None):
 def answers(tokenizer, outputs, row):
     """The outputs are the M rollouts of ``row``'s problem: its prompt, rewards and row."""
     encode = setup(tokenizer)[3]
-    assert all(t.prompt_ids == encode(row["question"]) for t, _, _, _ in outputs)
-    assert [t.reward for t, _, _, _ in outputs] == row["rewards"]
-    assert all(answered is row for _, _, answered, _ in outputs)
+    assert all(t.prompt_ids == encode(row["question"]) for t, _, _, _, _ in outputs)
+    assert [t.reward for t, _, _, _, _ in outputs] == row["rewards"]
+    assert all(answered is row for _, _, answered, _, _ in outputs)
 
 
 def counts_on_rollout_zero(outputs, **first):
     assert outputs[0][3] == first
-    assert all(counts == dict.fromkeys(first, 0) for _, k, _, counts in outputs if k)
+    assert all(counts == dict.fromkeys(first, 0) for _, k, _, counts, _ in outputs if k)
 
 
 def test_an_uninformative_rows_group_is_replaced_by_a_replacements_informative_group(tokenizer):
@@ -291,4 +291,57 @@ def test_dapo_offered_one_problem_trains_the_rows_group_and_counts_no_draws(toke
     rows = problems(informative=set())
     _, outputs, drawn = dapo_group(tokenizer, dapo(**overrides), rows, 1, pool=())
     answers(tokenizer, outputs, rows[1])
-    assert drawn == ["p1"] and all(counts == {} for _, _, _, counts in outputs)
+    assert drawn == ["p1"] and all(counts == {} for _, _, _, counts, _ in outputs)
+
+
+# OC-GRPO: privileged rollouts are returned hint-free and carry their hinted prompt and leak flag.
+
+def oc_grpo(tokenizer):
+    method = registry.get_method("oc_grpo")(budget=4)
+    method.setup(None, tokenizer, 1.0)  # as the verl worker sets it up: no model, the actor rescores
+    return method
+
+
+def test_oc_grpo_rollouts_carry_their_hinted_prompt_and_leak_flag_and_concurrent_groups_keep_their_own(tokenizer):
+    from baselines.oc_grpo import hint
+
+    tools, _, _, encode = setup(tokenizer)
+    rows = [{"id": p, "question": q, "answer": a, "domain": "math"}
+            for p, q, a in (("p", "What is 1 plus 2?", "3"), ("q", "We add the numbers.", "5"))]
+    hinted = {r["id"]: encode(f"{r['question']}\n\n{hint(r)}") for r in rows}
+    leak = tokenizer.encode(hint(rows[0]), add_special_tokens=False)
+    assert tokenizer.decode(leak) == hint(rows[0])  # the scripted leak reads back as the hint
+    server = FakeServer(tokenizer)
+    answered = []
+
+    async def generate(request_id, *, prompt_ids, sampling_params):
+        out = await server.generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
+        if prompt_ids == hinted["p"] and not answered:  # problem p's first privileged rollout copies the hint
+            answered.append(request_id)
+            out.token_ids, out.log_probs = leak, [0.0] * len(leak)
+            out.extra_fields = {**out.extra_fields, agent_loop.ENTROPIES: [0.0] * len(leak)}
+        return out
+
+    def score(trajs, row):  # every rollout fails: both problems get privileged rollouts
+        for t in trajs:
+            t.reward = 0.0
+
+    async def worker():
+        loop = asyncio.get_running_loop()
+        rollouts = agent_loop.GroupRollouts(
+            oc_grpo(tokenizer), tokenizer, tools, AGENT, lambda uid: agent_loop.ServerEngine(generate, loop, uid, top_k_entropy=3),
+            encode, score, 4)
+        return rollouts, await asyncio.gather(*(rollouts.rollout(f"uid-{row['id']}", row, i)
+                                                for i, row in enumerate(rows) for _ in range(4)))
+
+    rollouts, outputs = asyncio.run(worker())
+    # the groups ran collect at once, each on its own copy of the method: the shared one keeps no group's state
+    assert rollouts.method.last_hinted == []
+    for g, row in enumerate(rows):
+        group = outputs[4 * g : 4 * g + 4]
+        assert [t.kind for t, *_ in group] == ["parent", "parent", "privileged", "privileged"]
+        assert all(t.prompt_ids == encode(row["question"]) for t, *_ in group)  # trained hint-free
+        assert [off for *_, off in group] == [([], False), ([], False),
+                                              (hinted[row["id"]], row["id"] == "p"), (hinted[row["id"]], False)]
+    assert outputs[2][0].response_ids[: len(leak)] == leak
+    assert sum(p == hinted["q"] for _, p, _ in server.requests) == 2  # q's privileged contexts were sampled

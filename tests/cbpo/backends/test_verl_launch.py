@@ -1,7 +1,7 @@
 """``python -m cbpo.train backend=verl`` on a machine without the GPU stack stops at once,
 naming what is missing, and writes nothing; ``verl.dry_run=true`` prints the generated,
-verl-validated config on any machine; methods that need the policy in their own steps are
-refused, except OPD, which trains as verl's on-policy distillation. What the launch writes for
+verl-validated config on any machine; a method whose setup hook verl does not replace is
+refused (OPD trains as verl's on-policy distillation, OC-GRPO's rescoring is verl's actor). What the launch writes for
 verl's processes is read back by verl's own dataset and agent-loop registration. The launch
 past the GPU check (Ray, the task runner, the worker groups) needs a GPU cluster and is not
 exercised here."""
@@ -60,12 +60,33 @@ def composed(*overrides):
     return cfg
 
 
-@pytest.mark.parametrize(("method", "why"), [("oc_grpo", "needs the policy model")])
-def test_methods_verls_agent_loop_cannot_serve_are_refused_before_anything_is_written(tmp_path, method, why):
-    cfg = composed("stage=rl", f"method={method}", "preset=paper")
-    with pytest.raises(ValueError, match=f"method={method} {why}.*backend=local"):
+def test_a_method_whose_setup_verl_does_not_replace_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    # every Table 1 method with a setup hook (OPD, OC-GRPO) has verl do its work; one without is refused
+    from cbpo import train
+
+    cfg = composed("stage=rl", "method=grpo", "preset=paper")
+    grpo = train.build_method(cfg, vocab_size=None)
+    assert unsupported(grpo) is None
+    grpo.setup = lambda model, tokenizer, temperature: None
+    monkeypatch.setattr(train, "build_method", lambda cfg, vocab_size: grpo)
+    with pytest.raises(ValueError, match="method=grpo needs the policy model in its own steps.*backend=local"):
         run_verl(cfg, tmp_path / "run")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not missing_gpu_stack(), reason="this machine can run verl")
+def test_oc_grpo_passes_the_method_check_with_a_validated_config(tmp_path):
+    # past the config (built and checked by verl) and the method check, the launch stops at the GPUs
+    from cbpo.train import build_method
+
+    cfg = composed("stage=rl", "method=oc_grpo", "preset=paper")
+    assert unsupported(build_method(cfg, vocab_size=None)) is None
+    with pytest.raises(RuntimeError, match="backend=verl needs the GPU environment"):
+        run_verl(cfg, tmp_path / "run")
+    assert list(tmp_path.iterdir()) == []
+    out = train(tmp_path, "verl.dry_run=true", "method=oc_grpo")
+    assert out.returncode == 0, out.stderr
+    assert "adv_estimator: cbpo_suite_credit" in out.stdout
 
 
 def test_opd_trains_on_verl_as_its_distillation(tmp_path):
@@ -212,3 +233,36 @@ def test_dapos_agent_loop_worker_draws_replacements_from_the_rows_the_launch_wri
     assert all(o.extra_fields["cbpo_kept_groups"] == 0 for o in outputs)
     monkeypatch.setattr(trainer, "_GROUPS", {})  # a new worker process
     assert drawn()[1] == order  # a rerun draws the same
+
+
+def test_oc_grpos_agent_loop_worker_carries_the_privileged_rollouts_hinted_prompts(tmp_path):
+    # Every reply answers 3 and the row's answer is 4: the plain half fails, the other half is
+    # sampled from the hinted prompt, returned hint-free with the hinted prompt in its fields.
+    from baselines.oc_grpo import hint
+    from verl.trainer.ppo.utils import create_rl_dataset
+
+    from cbpo.backends.verl.config import build
+    from cbpo.chat import build_prompt
+    from cbpo.models import train_tokenizer
+
+    cfg = composed("stage=rl", "method=oc_grpo", "preset=smoke", "data=twohop", "verl.gpus_per_node=1",
+                   "verl.tensor_parallel=1")
+    out = tmp_path / "run"
+    generated = build(cfg, schema.method_config(cfg), schema.settings(cfg, "rl"), schema.settings(cfg, "verl"),
+                      str(out / "verl" / "train.parquet"), out)
+    rows = [{"id": "q1", "question": "Who founded the city?", "answer": "4", "domain": "search"}]
+    write_inputs(cfg, generated, rows)
+    tokenizer = train_tokenizer(["<answer>3</answer> Who founded the city? " + hint(rows[0])] * 20, 300)
+    dataset = create_rl_dataset(generated.data.train_files, generated.data, tokenizer, None)
+    server = FakeServer(tokenizer)
+    outputs = agent_loop_outputs(generated, tokenizer, server, dataset[0])
+
+    n = generated.actor_rollout_ref.rollout.n
+    prompt = build_prompt(tokenizer, rows[0]["question"], None)
+    hinted = build_prompt(tokenizer, f"{rows[0]['question']}\n\n{hint(rows[0])}", None)
+    assert server.prompts == [prompt] * (n // 2) + [hinted] * (n - n // 2)
+    assert all(o.prompt_ids == prompt and o.reward_score == 0.0 for o in outputs)  # trained hint-free
+    fields = [o.extra_fields for o in outputs]
+    assert [f["cbpo_kind"] for f in fields] == ["parent"] * (n // 2) + ["privileged"] * (n - n // 2)
+    assert [f["cbpo_hinted_prompt"] for f in fields] == [[]] * (n // 2) + [hinted] * (n - n // 2)
+    assert [f["cbpo_leaked"] for f in fields] == [False] * n

@@ -1,7 +1,8 @@
 """The verl trainer subclass (cbpo/backends/verl/trainer.py) on CPU: its advantage step is the
 suite's credit on verl's DataProto and verl's estimator never runs; each step verl logs writes
 a metrics line with the local trainer's keys; a resumed run's metrics stop at its checkpoint;
-the run ends in final/ with DONE.json. verl's constructor (Ray worker groups) and the body of
+the run ends in final/ with DONE.json; OC-GRPO's privileged rows are weighted by a rescoring of
+verl's actor (a stand-in worker group) with their hinted prompts. verl's constructor (Ray worker groups) and the body of
 its fit (vLLM, FSDP) need GPUs: stand-ins replace them, making only the two calls verl 0.9.1's
 fit makes at the points the subclass takes over (``compute_advantage`` and ``Tracking``)."""
 import json
@@ -14,6 +15,7 @@ from cbpo.backends.verl import credit
 from cbpo.backends.verl.agent_loop import DRAW_STATS
 from cbpo.registry import get_method
 from cbpo.runs import DONE, fingerprint
+from cbpo.trajectory import Trajectory
 
 pytest.importorskip("verl")
 from verl import DataProto  # noqa: E402
@@ -203,3 +205,153 @@ def test_a_resumed_run_keeps_the_metrics_of_its_checkpoints_steps(suite_trainer,
     trainer._load_checkpoint()
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2]
+
+
+# OC-GRPO on verl: privileged rows rescored by the actor with their hinted prompts.
+
+PAD, PROMPT_WIDTH, RESPONSE_WIDTH, TEMPERATURE = 0, 6, 16, 0.7
+
+
+def oc_groups():
+    """Three problems of M = 4 as OC-GRPO's collect leaves them, each rollout with its hinted
+    prompt (none for plain ones) and leak flag: a hinted problem with one leak, a hinted one
+    without, and one that was not hinted."""
+    rng = np.random.default_rng(3)
+
+    def rollout(prompt, reward, kind="parent"):
+        n = int(rng.integers(4, 9))
+        ids = rng.integers(3, 50, n).tolist() + [1, 2] + rng.integers(3, 50, 3).tolist()  # an observation run
+        mask = [True] * n + [False, False] + [True] * 3
+        return Trajectory(prompt_ids=prompt, response_ids=ids, model_mask=mask, entropies=[0.1] * len(ids),
+                          finish="answer", kind=kind, reward=reward)
+
+    groups = []
+    for x, (prompt, rewards, hinted) in enumerate((([7, 8, 9], [0, 0, 1, 1], True), ([7, 8], [0, 0, 0, 1], True),
+                                                   ([9, 9, 9, 9], [0, 1, 1, 0], False))):
+        hinted_prompt = prompt + [20 + x] * (9 + 3 * x) if hinted else []  # longer than verl's prompt width, unequal
+        groups.append([(rollout(prompt, float(r), "privileged" if hinted and k >= 2 else "parent"),
+                        hinted_prompt if hinted and k >= 2 else [], x == 0 and k == 2) for k, r in enumerate(rewards)])
+    return groups
+
+
+def oc_batch(groups) -> DataProto:
+    """The groups as verl's batch at its advantage step (agent loop layout, old_log_probs from
+    the actor, rows reversed as batch balancing may leave them)."""
+    from verl.utils.model import compute_position_id_with_mask
+
+    flat = [(x, k, *r) for x, g in enumerate(groups) for k, r in enumerate(g)][::-1]
+    n = len(flat)
+    prompts, responses = torch.full((n, PROMPT_WIDTH), PAD), torch.full((n, RESPONSE_WIDTH), PAD)
+    prompt_mask, response_attention = torch.zeros((n, PROMPT_WIDTH), dtype=torch.int64), torch.zeros((n, RESPONSE_WIDTH), dtype=torch.int64)
+    mask, rewards = torch.zeros((n, RESPONSE_WIDTH), dtype=torch.int64), torch.zeros((n, RESPONSE_WIDTH))
+    for row, (_, _, t, _, _) in enumerate(flat):
+        p, r = len(t.prompt_ids), len(t.response_ids)
+        prompts[row, PROMPT_WIDTH - p :], prompt_mask[row, PROMPT_WIDTH - p :] = torch.tensor(t.prompt_ids), 1
+        responses[row, :r], response_attention[row, :r] = torch.tensor(t.response_ids), 1
+        mask[row, :r] = torch.tensor(t.model_mask, dtype=torch.int64)
+        rewards[row, r - 1] = t.reward
+    attention = torch.cat([prompt_mask, response_attention], dim=1)
+    fields = [{**credit.rollout_fields(t, k, hinted, leaked), **rollout_stats(t, {"domain": "math"}), **search_fields({})}
+              for _, k, t, hinted, leaked in flat]
+    non_tensor = {"uid": np.array([f"problem-{x}" for x, *_ in flat], dtype=object)}
+    for name in fields[0]:
+        non_tensor[name] = np.empty(n, dtype=object)
+        non_tensor[name][:] = [f[name] for f in fields]
+    old = torch.from_numpy(np.random.default_rng(4).normal(-2.0, 1.0, (n, RESPONSE_WIDTH))).float()
+    return DataProto.from_dict(tensors={
+        "prompts": prompts, "responses": responses, "response_mask": mask, "input_ids": torch.cat([prompts, responses], 1),
+        "attention_mask": attention, "position_ids": compute_position_id_with_mask(attention),
+        "token_level_rewards": rewards, "old_log_probs": old,
+    }, non_tensors=non_tensor, meta_info={"temperature": TEMPERATURE, "global_token_num": attention.sum(-1).tolist()})
+
+
+class FakeActor:
+    """verl's actor worker group at its ``compute_log_prob`` boundary (after verl strips the
+    padding): the log-prob of the token after each position is -(sum of the ids up to it)/100,
+    a function of the whole context, so a hinted prompt changes every response token's; it
+    records what each call was sent. ``dp`` data-parallel ranks."""
+
+    def __init__(self, dp: int):
+        self._dispatch_info, self.sent = {"actor": list(range(dp))}, []
+
+    def compute_log_prob(self, data):
+        from verl.utils import tensordict_utils as tu
+
+        seqs = [s.tolist() for s in data["input_ids"].unbind()]
+        self.sent.append((seqs, tu.get(data, "temperature")))
+        values = torch.cat([-torch.cumsum(torch.tensor(s, dtype=torch.float64), 0) / 100 for s in seqs]).float()
+        log_probs = torch.nested.nested_tensor_from_jagged(values, offsets=data["input_ids"].offsets())
+        return tu.get_tensordict({"log_probs": log_probs, "entropy": log_probs.clone()}, {"metrics": {"mfu": 0.0}})
+
+
+def oc_trainer(suite_trainer, dp=3):
+    from omegaconf import OmegaConf
+
+    from baselines.oc_grpo import OCGRPO
+
+    trainer = suite_trainer(OCGRPO(budget=4, is_cap=2.0), None)
+    trainer.config = OmegaConf.merge(trainer.config, {"actor_rollout_ref": {"actor": {}}})
+    trainer.actor_rollout_wg = FakeActor(dp)
+    return trainer
+
+
+def test_oc_grpo_weights_privileged_rows_by_the_actors_hinted_rescoring(suite_trainer):
+    from cbpo.credit import grpo_advantages
+
+    groups = oc_groups()
+    batch = oc_batch(groups)
+    trainer = oc_trainer(suite_trainer, dp=3)
+    old = batch.batch["old_log_probs"].double().clone()
+    mask = batch.batch["response_mask"].bool().clone()
+    trainer.suite_credit(batch)
+
+    rows = {(int(x.split("-")[1]), int(k)): row for row, (x, k) in
+            enumerate(zip(batch.non_tensor_batch["uid"], batch.non_tensor_batch["cbpo_index"]))}
+    adv = batch.batch["advantages"].double()
+    weighted = 0
+    for x, group in enumerate(groups):
+        rewards = np.array([0.0 if leaked else t.reward for t, _, leaked in group])
+        expected = grpo_advantages(rewards)
+        for k, (t, hinted, _) in enumerate(group):
+            row = rows[x, k]
+            pos = mask[row]
+            weight = torch.ones(int(pos.sum()), dtype=torch.float64)
+            if t.kind == "privileged":
+                context = hinted + t.response_ids
+                behaviour = torch.tensor([-sum(context[: len(hinted) + j]) / 100 for j in range(len(t.response_ids))],
+                                         dtype=torch.float64)[torch.tensor(t.model_mask)]
+                weight = torch.clamp(torch.exp(old[row][pos] - behaviour), max=2.0)
+                weighted += int((weight < 2.0).sum() > 0 and (weight == 2.0).sum() > 0)  # both sides of the cap
+            torch.testing.assert_close(adv[row][pos], expected[k] * weight, atol=1e-5, rtol=1e-5)
+            assert not adv[row][~pos].any()
+    assert weighted > 0 and expected[0] != 0  # the comparison is not vacuous
+
+    ((sent, temperature),) = trainer.actor_rollout_wg.sent
+    assert temperature == TEMPERATURE  # the batch's, as verl's old_log_probs call
+    assert len(sent) == 6  # 4 privileged rows, padded to a multiple of the actor's 3 ranks
+    privileged = [r for r in range(len(batch)) if batch.non_tensor_batch["cbpo_kind"][r] == "privileged"]
+    by_row = {rows[x, k]: (hinted, t) for x, g in enumerate(groups) for k, (t, hinted, _) in enumerate(g)}
+    assert sent[:4] == [by_row[r][0] + by_row[r][1].response_ids for r in privileged]  # hinted prompt + same response
+
+
+def test_the_hinted_batch_is_verls_layout_with_the_hinted_prompts(suite_trainer):
+    from cbpo.backends.verl.trainer import hinted_batch
+
+    groups = oc_groups()
+    batch = oc_batch(groups)
+    rows = credit.privileged_rows(batch)
+    hinted = hinted_batch(batch, rows, PAD)
+    prompts = [list(batch.non_tensor_batch["cbpo_hinted_prompt"][r]) for r in rows]
+    width = max(map(len, prompts))
+    assert width > PROMPT_WIDTH  # hinted prompts exceed verl's prompt width: the block is theirs
+    assert hinted.meta_info["temperature"] == TEMPERATURE
+    for i, (r, p) in enumerate(zip(rows, prompts)):
+        assert hinted.batch["prompts"][i].tolist() == [PAD] * (width - len(p)) + p  # left-padded
+        assert torch.equal(hinted.batch["responses"][i], batch.batch["responses"][r])  # right-padded, as in the batch
+        assert torch.equal(hinted.batch["response_mask"][i], batch.batch["response_mask"][r])
+        assert torch.equal(hinted.batch["input_ids"][i], torch.cat([hinted.batch["prompts"][i], batch.batch["responses"][r]]))
+        n_response = int(batch.batch["attention_mask"][r, PROMPT_WIDTH:].sum())
+        attention = [0] * (width - len(p)) + [1] * (len(p) + n_response) + [0] * (RESPONSE_WIDTH - n_response)
+        assert hinted.batch["attention_mask"][i].tolist() == attention
+        positions = hinted.batch["position_ids"][i].tolist()
+        assert positions[width - len(p) : width + n_response] == list(range(len(p) + n_response))
