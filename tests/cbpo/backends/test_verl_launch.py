@@ -154,6 +154,17 @@ def agent_loop_outputs(generated, tokenizer, server, item, uid="uid-1"):
     return asyncio.run(worker())
 
 
+def one_gpu_run(tmp_path, *overrides):
+    """A smoke-preset RL run on one GPU with ``overrides``: its config and the verl config the
+    launch generates for it (output in ``tmp_path / "run"``)."""
+    from cbpo.backends.verl.config import build
+
+    cfg = composed("stage=rl", *overrides, "preset=smoke", "data=twohop", "verl.gpus_per_node=1", "verl.tensor_parallel=1")
+    out = tmp_path / "run"
+    return cfg, build(cfg, schema.method_config(cfg), schema.settings(cfg, "rl"), schema.settings(cfg, "verl"),
+                      str(out / "verl" / "train.parquet"), out)
+
+
 def test_verls_dataset_and_agent_loop_worker_read_what_the_launch_writes(tmp_path):
     # What verl's processes do with the launch's files, on CPU: its dataset reads the rows, and
     # its agent-loop worker registers the config's default agent loop from the file and builds
@@ -161,15 +172,10 @@ def test_verls_dataset_and_agent_loop_worker_read_what_the_launch_writes(tmp_pat
     from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
     from verl.trainer.ppo.utils import create_rl_dataset
 
-    from cbpo.backends.verl.config import build
     from cbpo.chat import build_prompt
     from cbpo.models import train_tokenizer
 
-    cfg = composed("stage=rl", "method=grpo", "preset=smoke", "data=twohop", "verl.gpus_per_node=1",
-                   "verl.tensor_parallel=1")
-    out = tmp_path / "run"
-    generated = build(cfg, schema.method_config(cfg), schema.settings(cfg, "rl"), schema.settings(cfg, "verl"),
-                      str(out / "verl" / "train.parquet"), out)
+    cfg, generated = one_gpu_run(tmp_path, "method=grpo")
     rows = [{"id": "q1", "question": "Who founded the city?", "answer": "3", "domain": "search"},
             {"id": "q2", "question": "Where was she born?", "answer": "4", "domain": "search"}]
     write_inputs(cfg, generated, rows)
@@ -200,15 +206,10 @@ def test_dapos_agent_loop_worker_draws_replacements_from_the_rows_the_launch_wri
     from verl.trainer.ppo.utils import create_rl_dataset
 
     from cbpo.backends.verl import trainer
-    from cbpo.backends.verl.config import build
     from cbpo.chat import build_prompt
     from cbpo.models import train_tokenizer
 
-    cfg = composed("stage=rl", "method=dapo", "method.max_num_gen_batches=3", "preset=smoke", "data=twohop",
-                   "verl.gpus_per_node=1", "verl.tensor_parallel=1")
-    out = tmp_path / "run"
-    generated = build(cfg, schema.method_config(cfg), schema.settings(cfg, "rl"), schema.settings(cfg, "verl"),
-                      str(out / "verl" / "train.parquet"), out)
+    cfg, generated = one_gpu_run(tmp_path, "method=dapo", "method.max_num_gen_batches=3")
     rows = [{"id": "q1", "question": "Who founded the city?", "answer": "3", "domain": "search"},
             {"id": "q2", "question": "Where was she born?", "answer": "3", "domain": "search"},
             {"id": "q3", "question": "Who wrote the book?", "answer": "4", "domain": "search"}]
@@ -241,15 +242,10 @@ def test_oc_grpos_agent_loop_worker_carries_the_privileged_rollouts_hinted_promp
     from baselines.oc_grpo import hint
     from verl.trainer.ppo.utils import create_rl_dataset
 
-    from cbpo.backends.verl.config import build
     from cbpo.chat import build_prompt
     from cbpo.models import train_tokenizer
 
-    cfg = composed("stage=rl", "method=oc_grpo", "preset=smoke", "data=twohop", "verl.gpus_per_node=1",
-                   "verl.tensor_parallel=1")
-    out = tmp_path / "run"
-    generated = build(cfg, schema.method_config(cfg), schema.settings(cfg, "rl"), schema.settings(cfg, "verl"),
-                      str(out / "verl" / "train.parquet"), out)
+    cfg, generated = one_gpu_run(tmp_path, "method=oc_grpo")
     rows = [{"id": "q1", "question": "Who founded the city?", "answer": "4", "domain": "search"}]
     write_inputs(cfg, generated, rows)
     tokenizer = train_tokenizer(["<answer>3</answer> Who founded the city? " + hint(rows[0])] * 20, 300)
