@@ -27,7 +27,7 @@ where the gradient is taken.
 On the verl backend the draw is per problem, not per batch: verl's trainer has a fixed batch,
 so each batch row's group is chosen inside the agent loop (``cbpo/backends/verl/agent_loop.py``).
 The method is offered the row's problem and ``max_num_gen_batches`` - 1 replacements drawn from
-the training rows (by the run's seed and the row's index), rolls them out one at a time and the
+the training rows (by the run's seed, the training step and the row's index), rolls them out one at a time and the
 row trains on the first informative group. A row with none trains on the last group drawn (its
 advantage zero unless the overlong penalty differs within it, its tokens in token-mean's
 denominator) where the local trainer would train on fewer problems; the rollouts drawn and not

@@ -36,7 +36,7 @@ from verl.workers.rollout.replica import RolloutReplicaRegistry
 
 from cbpo import registry
 from cbpo.backends.verl import credit
-from cbpo.backends.verl.agent_loop import DRAW_STATS, GroupRollouts, ServerEngine
+from cbpo.backends.verl.agent_loop import DRAW_STATS, STEP, GroupRollouts, ServerEngine
 from cbpo.backends.verl.config import AGENT_LOOP
 from cbpo.chat import build_prompt, resolve_system_prompt
 from cbpo.reward import Rewarder
@@ -194,6 +194,12 @@ class SuiteTrainer(RayPPOTrainer):
         out, _ = self._compute_old_log_prob(hinted)
         return unpad_dataproto(out, pad).batch["old_log_probs"]
 
+    def _get_gen_batch(self, batch):
+        # the agent loop sees only the rows' columns: the step seeds DAPO's replacement draws
+        gen_batch = super()._get_gen_batch(batch)
+        gen_batch.non_tensor_batch[STEP] = np.full(len(gen_batch), self.global_steps, dtype=np.int64)
+        return gen_batch
+
     def log_step(self, metrics, step: int) -> None:
         self.log.log({"step": int(step), **self._rollouts, "rollout_seconds": float(metrics["timing_s/gen"]),
                       "wall_seconds": float(metrics["timing_s/step"]), **policy_stats(metrics)})
@@ -305,8 +311,8 @@ class GroupAgentLoop(AgentLoopBase):
 
     async def run(self, sampling_params, **kwargs) -> AgentLoopOutput:
         info = kwargs["extra_info"]
-        t, k, row, counts, (hinted, leaked) = await self.group.rollout(str(kwargs["uid"]), json.loads(info["row"]),
-                                                                      int(info["index"]))
+        t, k, row, counts, (hinted, leaked) = await self.group.rollout(
+            str(kwargs["uid"]), json.loads(info["row"]), int(info["index"]), int(kwargs[STEP]))
         return AgentLoopOutput(
             prompt_ids=t.prompt_ids, response_ids=t.response_ids, response_mask=[int(m) for m in t.model_mask],
             response_logprobs=t.logprobs, reward_score=t.reward, num_turns=2 * t.tool_calls + 2,

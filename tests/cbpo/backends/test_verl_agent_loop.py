@@ -112,7 +112,7 @@ def test_grouped_agent_loop_builds_the_local_engines_rollouts(tokenizer):
             cbpo(tokenizer), tokenizer, tools, agent, lambda uid: agent_loop.ServerEngine(server.generate, loop, uid, top_k_entropy=3),
             encode, score, BUDGET)
         # verl's M calls for one uid, concurrently and in order, as its agent-loop worker makes them
-        return await asyncio.gather(*(rollouts.rollout("uid-p", row, 0) for _ in range(BUDGET)))
+        return await asyncio.gather(*(rollouts.rollout("uid-p", row, 0, 1) for _ in range(BUDGET)))
 
     outputs = asyncio.run(verl_side())
     assert [k for _, k, _, _, _ in outputs] == list(range(BUDGET))
@@ -157,7 +157,7 @@ def test_a_steps_search_counts_are_every_call_once_however_groups_overlap(tokeni
         rollouts = agent_loop.GroupRollouts(
             cbpo(tokenizer), tokenizer, tools, agent, lambda uid: agent_loop.ServerEngine(server.generate, loop, uid, top_k_entropy=3),
             encode, score, BUDGET)
-        return await asyncio.gather(*(rollouts.rollout(f"uid-{row['id']}", row, i)
+        return await asyncio.gather(*(rollouts.rollout(f"uid-{row['id']}", row, i, 1)
                                       for i, row in enumerate(rows) for _ in range(BUDGET)))
 
     outputs = asyncio.run(worker())
@@ -185,6 +185,7 @@ def test_a_server_without_entropies_is_named(tokenizer):
 # DAPO's dynamic sampling inside a group: the row's problem, then replacements from the pool.
 
 AGENT = AgentConfig(max_new_tokens=40, max_total_tokens=120)
+STEP = 7  # verl's training step
 
 
 def dapo(**overrides):
@@ -214,7 +215,7 @@ def dapo_group(tokenizer, method, rows, index, pool=None):
         rollouts = agent_loop.GroupRollouts(
             method, tokenizer, tools, AGENT, lambda uid: agent_loop.ServerEngine(server.generate, loop, uid, top_k_entropy=3),
             encode, score, BUDGET, rows if pool is None else pool, seed=0)
-        return rollouts, await asyncio.gather(*(rollouts.rollout("uid", rows[index], index) for _ in range(BUDGET)))
+        return rollouts, await asyncio.gather(*(rollouts.rollout("uid", rows[index], index, STEP) for _ in range(BUDGET)))
 
     rollouts, outputs = asyncio.run(worker())
     drawn = [r["id"] for _, p, _ in server.requests for r in rows if p == encode(r["question"])]
@@ -237,7 +238,7 @@ def counts_on_rollout_zero(outputs, **first):
 def test_an_uninformative_rows_group_is_replaced_by_a_replacements_informative_group(tokenizer):
     rows = problems(informative={1, 2, 3, 4, 5})
     rollouts, outputs, drawn = dapo_group(tokenizer, dapo(), rows, 0)
-    replacement = rollouts.replacements(0)[0]
+    replacement = rollouts.replacements(0, STEP)[0]
     assert replacement is not rows[0]
     answers(tokenizer, outputs, replacement)
     assert drawn == ["p0", replacement["id"]]  # lazily: no other replacement was rolled out
@@ -262,22 +263,24 @@ def test_an_informative_first_group_draws_no_replacement(tokenizer):
 def test_when_no_draw_is_informative_the_last_drawn_group_is_returned(tokenizer):
     rows = problems(informative=set())
     rollouts, outputs, drawn = dapo_group(tokenizer, dapo(max_num_gen_batches=3), rows, 2)
-    first, last = rollouts.replacements(2)
+    first, last = rollouts.replacements(2, STEP)
     answers(tokenizer, outputs, last)
     assert drawn == ["p2", first["id"], last["id"]]
     assert outputs[0][3]["kept_groups"] == 0 and outputs[0][3]["extra_rollouts"] == 2 * BUDGET
 
 
 def test_replacement_draws_are_deterministic_and_never_the_row_itself():
-    def replacements(rows, seed, index, draws=4):
+    def replacements(rows, seed, index, step=STEP, draws=4):
         return agent_loop.GroupRollouts(dapo(max_num_gen_batches=draws), None, {}, AGENT, None, None, None, BUDGET,
-                                        rows, seed).replacements(index)
+                                        rows, seed).replacements(index, step)
 
     rows = problems(informative=set())
     drawn = {(seed, i): [r["id"] for r in replacements(rows, seed, i)] for seed in (0, 1) for i in range(len(rows))}
     assert all(len(ids) == 3 == len(set(ids)) and f"p{i}" not in ids for (_, i), ids in drawn.items())
     assert drawn == {(seed, i): [r["id"] for r in replacements(rows, seed, i)] for seed, i in drawn}  # a rerun
     assert any(drawn[0, i] != drawn[1, i] for i in range(len(rows)))  # the seed matters
+    # another step (the row's next epoch) is offered other replacements, as the local trainer draws afresh
+    assert any([r["id"] for r in replacements(rows, 0, i, STEP + 3)] != drawn[0, i] for i in range(len(rows)))
     # a pool with fewer other rows than replacements repeats them, still never the row
     assert [r["id"] for r in replacements(rows[:2], 0, 0)] == ["p1"] * 3
     with pytest.raises(ValueError, match="the pool has 1"):
@@ -331,7 +334,7 @@ def test_oc_grpo_rollouts_carry_their_hinted_prompt_and_leak_flag_and_concurrent
         rollouts = agent_loop.GroupRollouts(
             oc_grpo(tokenizer), tokenizer, tools, AGENT, lambda uid: agent_loop.ServerEngine(generate, loop, uid, top_k_entropy=3),
             encode, score, 4)
-        return rollouts, await asyncio.gather(*(rollouts.rollout(f"uid-{row['id']}", row, i)
+        return rollouts, await asyncio.gather(*(rollouts.rollout(f"uid-{row['id']}", row, i, 1)
                                                 for i, row in enumerate(rows) for _ in range(4)))
 
     rollouts, outputs = asyncio.run(worker())

@@ -130,10 +130,11 @@ class FakeServer:
             agent_loop.ENTROPIES: [0.25] * len(ids), agent_loop.FINISH: "stop", agent_loop.STOP: stop})
 
 
-def agent_loop_outputs(generated, tokenizer, server, item, uid="uid-1"):
-    """verl's agent-loop worker on one batch row of its dataset (``item``): the registered agent
-    loop from the launch's file, built as verl's AgentLoopWorker._run_agent_loop builds it, once
-    for each of the uid's rollout.n rows."""
+def agent_loop_outputs(generated, tokenizer, server, item, uid="uid-1", step=1):
+    """verl's agent-loop worker on one batch row of its dataset (``item``, with the training
+    step SuiteTrainer._get_gen_batch adds): the registered agent loop from the launch's file,
+    built as verl's AgentLoopWorker._run_agent_loop builds it, once for each of the uid's
+    rollout.n rows."""
     import hydra
     from omegaconf import OmegaConf
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
@@ -149,7 +150,8 @@ def agent_loop_outputs(generated, tokenizer, server, item, uid="uid-1"):
             dataset_cls=RLHFDataset, data_config=DictConfigWrap(generated.data), tools=ToolListWrap([]))
 
     async def worker():
-        return await asyncio.gather(*(build_loop().run({}, uid=uid, **item) for _ in range(rollout.n)))
+        return await asyncio.gather(*(build_loop().run({}, uid=uid, **{agent_loop.STEP: step}, **item)
+                                      for _ in range(rollout.n)))
 
     return asyncio.run(worker())
 

@@ -355,3 +355,18 @@ def test_the_hinted_batch_is_verls_layout_with_the_hinted_prompts(suite_trainer)
         assert hinted.batch["attention_mask"][i].tolist() == attention
         positions = hinted.batch["position_ids"][i].tolist()
         assert positions[width - len(p) : width + n_response] == list(range(len(p) + n_response))
+
+
+def test_each_generation_row_carries_the_training_step(suite_trainer):
+    # verl's agent loop sees only the rows' columns; DAPO's replacement draws are seeded by the step
+    from cbpo.backends.verl.agent_loop import STEP
+
+    trainer = suite_trainer(get_method("dapo")(budget=4), None)
+    batch = DataProto.from_dict(tensors={"input_ids": torch.zeros((3, 5), dtype=torch.int64)},
+                                non_tensors={"uid": np.array(["a", "b", "c"], dtype=object),
+                                             "extra_info": np.array([{"index": i} for i in range(3)], dtype=object)})
+    for step in (1, 4):
+        trainer.global_steps = step
+        gen = trainer._get_gen_batch(batch.slice(0, None))
+        assert gen.non_tensor_batch[STEP].tolist() == [step] * 3
+        assert "extra_info" in gen.non_tensor_batch  # verl's own columns still reach the agent loop
