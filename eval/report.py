@@ -15,7 +15,9 @@ means of a seed's benchmark columns, as in the paper. The best value of each col
 cells not produced yet are marked, not dropped. Budget columns: generated tokens and tool calls
 per held-out problem (the summaries), per training problem (``--runs``: metrics.jsonl) and
 device-hours of the run's training steps and evaluation samples, from the records they leave
-(metrics.jsonl ``wall_seconds``, the summaries' ``generation_seconds``), so a job Snakemake
+(metrics.jsonl ``wall_seconds``, the summaries' ``generation_seconds``), each times the devices
+its job held: a record's own ``devices`` (a verl run's lines: its GPUs, an OPD teacher's
+included), else ``--devices-per-job``, so a job Snakemake
 reruns to find the work done, or that resumes a killed run, does not change them. Writes ``<out>.csv`` (long form, one line per cell), ``<out>.md`` and ``<out>.tex``
 (pandas Styler, booktabs rules).
 """
@@ -172,14 +174,15 @@ def per_training_problem(records: Sequence[dict]) -> dict[str, float]:
             for name, key in (("Train tokens", "generated_tokens"), ("Train tool calls", "tool_calls"))}
 
 
-def device_seconds(steps: Sequence[Sequence[dict]], summaries: Sequence[dict]) -> float:
-    """Seconds of the row's training steps (``training_steps``) and of its evaluation samples;
-    NaN until all of them are recorded."""
+def device_seconds(steps: Sequence[Sequence[dict]], summaries: Sequence[dict], devices_per_job: int) -> float:
+    """Device-seconds of the row's training steps (``training_steps``) and of its evaluation
+    samples: each record's seconds times its ``devices``, else ``devices_per_job``; NaN until
+    all of them are recorded."""
     timed = all(records and all("wall_seconds" in r for r in records) for records in steps)
     if not timed or any("generation_seconds" not in s for s in summaries):
         return np.nan
-    train = sum(record["wall_seconds"] for records in steps for record in records)
-    return float(train + sum(s["generation_seconds"] for s in summaries))
+    train = sum(r["wall_seconds"] * r.get("devices", devices_per_job) for records in steps for r in records)
+    return float(train + sum(s["generation_seconds"] * s.get("devices", devices_per_job) for s in summaries))
 
 
 def seed_cells(seed: Seed, run: str, configs: Mapping[str, dict], budget: Budget) -> tuple[list[dict], set[str]]:
@@ -198,8 +201,9 @@ def seed_cells(seed: Seed, run: str, configs: Mapping[str, dict], budget: Budget
         steps = training_steps(seed.runs, run)  # each metrics.jsonl read once for both columns
         if trains(run):  # a row without a training run leaves these blank
             spent.update(per_training_problem(steps[run]))
-        seconds = device_seconds(list(steps.values()), list(read.values())) if len(read) == len(configs) else np.nan
-        spent[budget.hours] = seconds * budget.devices_per_job / 3600
+        seconds = (device_seconds(list(steps.values()), list(read.values()), budget.devices_per_job)
+                   if len(read) == len(configs) else np.nan)
+        spent[budget.hours] = seconds / 3600
     derived = {**{AVG[d]: v for d, v in averages.items()}, **spent}
     cells += [{"column": name, "value": value, "summary": ""} for name, value in derived.items()]
     return cells, {column[b] for b, summary in read.items() if summary.get("fallback_used")}
@@ -294,7 +298,7 @@ def write_table(table: str, out: Path, rows: Mapping[str, str], groups: Sequence
         legend += " Train tokens, Train tool calls: generated per training problem (blank: no RL training)."
     if budget.hours in spent:
         legend += (f" {budget.hours}: hours of the run's training steps and evaluation samples times "
-                   f"{budget.devices_per_job} {budget.device_kind} per job.")
+                   f"{budget.devices_per_job} {budget.device_kind} per job (a verl run: the GPUs it held).")
     if marked:
         legend += f" Columns marked * were scored with a fallback metric (no LLM judge): {', '.join(sorted(marked))}."
     flat = grid.reset_index()

@@ -205,6 +205,18 @@ def test_opd_pays_for_the_teacher_the_dag_trained_and_untimed_records_give_no_ho
     assert cells[("SFT", "CPU-h")]["reproduced"] == ""  # not known: never a partial sum
 
 
+def test_a_record_that_names_its_devices_counts_them_instead_of_the_jobs_default(tmp_path):
+    # a verl run's lines carry the GPUs the step held (OPD: its teacher's too); evaluations do not
+    raw, runs = tmp_path / "raw", tmp_path / "runs" / "seed0"
+    summaries(raw, {"opd": {"arith": 0.5}}, generation_seconds=360)
+    write_metrics(runs, "opd", [{"step": 1, "reward": 0.5, "problems": 1, "generated_tokens": 1, "tool_calls": 0,
+                                 "wall_seconds": 1800, "devices": 16}])
+    out = tmp_path / "table1"
+    assert main(["table1", "--summaries", str(raw / "seed0"), "--runs", str(runs), "--out", str(out),
+                 "--benchmarks", "arith", "--methods", "opd", "--device-kind", "GPU", "--devices-per-job", "8"]) == 0
+    assert rows_of(out.with_suffix(".csv"))[("OPD", "GPU-h")]["reproduced"] == "8.8"  # (1800 x 16 + 360 x 8) s
+
+
 def test_without_budget_options_their_columns_are_absent(tmp_path):
     raw = summaries(tmp_path / "raw", {"cbpo": {"arith": 0.5}})
     out = tmp_path / "table1"

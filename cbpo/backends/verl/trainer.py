@@ -129,6 +129,16 @@ def hinted_batch(data, rows: list[int], pad_id: int) -> DataProto:
     }, meta_info=dict(data.meta_info))
 
 
+def held_gpus(config) -> int:
+    """The GPUs a run holds each step, for the tables' device-hours: the trainer's nodes and an
+    OPD teacher's pool (verl's distillation) beside them."""
+    gpus = config.trainer.nnodes * config.trainer.n_gpus_per_node
+    teacher = config.get("distillation")
+    if teacher is not None and teacher.enabled:
+        gpus += teacher.nnodes * teacher.n_gpus_per_node
+    return gpus
+
+
 def policy_stats(metrics) -> dict:
     """verl's actor metrics (``actor/pg_loss``, ``actor/grad_norm``, ...) under the local
     trainer's names (``pg_loss``, ``grad_norm``; its KL term is ``kl``)."""
@@ -202,7 +212,8 @@ class SuiteTrainer(RayPPOTrainer):
 
     def log_step(self, metrics, step: int) -> None:
         self.log.log({"step": int(step), **self._rollouts, "rollout_seconds": float(metrics["timing_s/gen"]),
-                      "wall_seconds": float(metrics["timing_s/step"]), **policy_stats(metrics)})
+                      "wall_seconds": float(metrics["timing_s/step"]), "devices": held_gpus(self.config),
+                      **policy_stats(metrics)})
 
     def init_workers(self):
         # verl builds its rollout replicas here (LLMServerManager) from rollout.name; the name stays

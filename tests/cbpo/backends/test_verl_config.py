@@ -63,6 +63,10 @@ def test_opd_is_verls_on_policy_distillation_from_its_teacher(tmp_path):
     (teacher,) = d.teacher_models.values()
     assert teacher.model_path == "Qwen/Qwen3-32B" and teacher.inference.tensor_model_parallel_size == 4
     assert (d.n_gpus_per_node, d.nnodes) == (8, 1)  # the teacher's own node, beside the 8 training GPUs
+    # the run's metrics lines count both for the tables' device-hours; another method holds its 8 only
+    from cbpo.backends.verl.trainer import held_gpus
+
+    assert held_gpus(v) == 16 and held_gpus(generated(tmp_path, "method=grpo")) == 8
     # as verl's trainer reads it: two replicas, and every row routed to the one teacher
     checked = omega_conf_to_dataclass(d)
     assert [t.num_replicas for t in checked.teacher_models.values()] == [2]

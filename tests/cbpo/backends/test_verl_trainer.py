@@ -98,7 +98,7 @@ def suite_trainer(tmp_path, monkeypatch, tokenizer, tiny_causal_lm):
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "fit", verl_fit)
 
     def make(method, batch):
-        config = OmegaConf.create({"trainer": {"default_local_dir": str(run / "verl")}})
+        config = OmegaConf.create({"trainer": {"default_local_dir": str(run / "verl"), "nnodes": 2, "n_gpus_per_node": 8}})
         trainer = SuiteTrainer(config=config, tokenizer=tokenizer, method=method, run_dir=run,
                                log=MetricsLog(run / "metrics.jsonl"))
         trainer.batch = batch
@@ -154,6 +154,7 @@ def test_the_metrics_line_has_the_local_trainers_keys(suite_trainer, tmp_path, t
     assert line["tool_calls"] == sum(t.tool_calls - t.copied_tool_calls for t in flat)
     assert (line["n_parent"], line["n_branch"], line["n_fill"]) == (6, 8, 2)
     assert (line["rollout_seconds"], line["wall_seconds"]) == (2.0, 5.0)  # verl's timings of the step
+    assert line["devices"] == 16  # the GPUs the step held (2 nodes x 8), for the tables' device-hours
     assert (line["loss"], line["pg_loss"], line["kl"], line["grad_norm"]) == (0.25, 0.2, 0.05, 1.5)
     assert "search_calls" not in line and "search_calls" not in local  # neither run has a search tool
     assert not set(DRAW_STATS) & set(line)  # CBPO draws no replacement problems
