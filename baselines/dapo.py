@@ -42,7 +42,7 @@ import numpy as np
 
 from cbpo.credit import grpo_advantages
 from cbpo.objective import ObjectiveConfig
-from cbpo.registry import Problems, Sampler, TokenCredit, broadcast, register_method, sample_fresh
+from cbpo.registry import Problems, Sampler, TokenCredit, broadcast, extra_stats, register_method, sample_fresh
 from cbpo.trajectory import Trajectory
 
 
@@ -119,15 +119,7 @@ class DAPO:
                 if kept < size and (not self.cfg.filter_groups or informative([t.reward for t in g])):
                     out[i] = g
                     kept += 1
-        trained = {id(t) for g in out for t in g}
-        extra = [t for t in drawn if id(t) not in trained]
-        self._stats = {
-            "gen_batches": batches,
-            "kept_groups": kept,
-            "extra_rollouts": len(extra),
-            "extra_generated_tokens": sum(t.generated_tokens for t in extra),
-            "extra_tool_calls": sum(t.tool_calls - t.copied_tool_calls for t in extra),
-        }
+        self._stats = {"gen_batches": batches, "kept_groups": kept, **extra_stats(drawn, out)}
         return out
 
     def step_stats(self) -> dict[str, float]:

@@ -30,7 +30,7 @@ import importlib
 import inspect
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -129,6 +129,15 @@ def sample_fresh(prompts: Sequence[list[int]], n: int, sample: Sampler, kind: st
 def broadcast(group: Sequence[Trajectory], advantages: Sequence[float]) -> list[TokenCredit]:
     """Each rollout's advantage on every one of its model tokens, all of them with loss."""
     return [(np.full(t.n_model_tokens, float(a)), np.ones(t.n_model_tokens, dtype=np.int8)) for t, a in zip(group, advantages)]
+
+
+def extra_stats(drawn: Iterable[Trajectory], trained: Iterable[Sequence[Trajectory]]) -> dict[str, int]:
+    """What the rollouts drawn and not trained on cost (DAPO's dynamic sampling), under the
+    metrics lines' keys: their number, generated tokens and tool calls."""
+    kept = {id(t) for g in trained for t in g}
+    extra = [t for t in drawn if id(t) not in kept]
+    return {"extra_rollouts": len(extra), "extra_generated_tokens": sum(t.generated_tokens for t in extra),
+            "extra_tool_calls": sum(t.tool_calls - t.copied_tool_calls for t in extra)}
 
 
 # ----------------------------------------------------------------------------- optional hooks

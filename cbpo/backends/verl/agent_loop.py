@@ -179,12 +179,8 @@ class GroupRollouts:
                                f"rollout.n = {self.budget} per problem")
         self.score([t for t in group if t.reward is None], answered)
         counts = step_search_stats(self.tools)
-        if self.draws > 1:
-            returned = {id(t) for t in group}
-            extra = [t for _, g in drawn for t in g if id(t) not in returned]
-            counts |= {"kept_groups": len(kept), "extra_rollouts": len(extra),
-                       "extra_generated_tokens": sum(t.generated_tokens for t in extra),
-                       "extra_tool_calls": sum(t.tool_calls - t.copied_tool_calls for t in extra)}
+        if self.draws > 1:  # the group returned to verl is trained even when no draw was informative
+            counts |= {"kept_groups": len(kept), **registry.extra_stats((t for _, g in drawn for t in g), [group])}
         return group, answered, counts, privileged(method, groups, group)
 
 
