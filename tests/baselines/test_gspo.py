@@ -1,4 +1,7 @@
 """GSPO (arXiv 2507.18071): the sequence-level clipped objective through verl's gspo loss."""
+import copy
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -46,3 +49,39 @@ def test_credit_is_grpos_group_advantage(trajectory):
     s = 1 / (np.sqrt(0.5) + 1e-6) * 0.5
     np.testing.assert_allclose(a0, [s, s]) and np.testing.assert_allclose(a1, [-s] * 4)
     assert m0.all() and m1.all()
+
+
+def test_under_the_tiny_preset_gspo_clips_and_trains_otherwise_than_grpo(tokenizer, policy):
+    # Issue 24.1: with one optimiser step per rollout batch pi_theta = pi_old at the gradient,
+    # so GSPO's update was GRPO's to the last bit. The tiny preset's mini-batches move the ratio.
+    from hydra import compose, initialize_config_dir
+
+    from cbpo import schema
+    from omegaconf import OmegaConf
+
+    from cbpo.registry import get_method
+    from cbpo.trainer import policy_update
+    from cbpo.trajectory import Trajectory
+
+    rng = np.random.default_rng(0)
+    trajs = []
+    for _ in range(8):
+        prompt = [int(t) for t in rng.integers(5, 200, 6)]
+        for _ in range(16):
+            n = int(rng.integers(8, 30))
+            trajs.append(Trajectory(prompt, [int(t) for t in rng.integers(5, 200, n)], [True] * n, [0.0] * n, [0.5] * n,
+                                    finish="answer", reward=float(rng.random() < 0.4)))
+    schema.register()
+    weights, stats = {}, {}
+    for name in ("grpo", "gspo"):
+        with initialize_config_dir(str(Path(__file__).resolve().parents[2] / "configs"), version_base=None):
+            cfg = compose("config", overrides=["preset=tiny", f"method={name}"])
+        params = OmegaConf.to_container(cfg.method, resolve=True)
+        rl, method = schema.settings(cfg, "rl"), get_method(params.pop("name"))(len(tokenizer), **params)
+        credits = [c for g in method.credit([trajs[i:i + 16] for i in range(0, len(trajs), 16)]) for c in g]
+        model = copy.deepcopy(policy).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=rl.lr, weight_decay=rl.weight_decay)
+        stats[name] = policy_update(model, None, opt, trajs, credits, rl, method.cfg.objective(), tokenizer.pad_token_id)
+        weights[name] = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert (weights["gspo"] - weights["grpo"]).abs().max() > 1e-4
+    assert stats["grpo"]["pg_clipfrac"] == 0.0 and stats["gspo"]["pg_clipfrac"] > 0.1
