@@ -66,17 +66,25 @@ class ObjectiveConfig:
         return ObjectiveConfig(**{f.name: getattr(self, f.name) for f in fields(ObjectiveConfig)})
 
 
+# verl's vanilla loss also applies dual-clip PPO (bound c on the ratio) to negative advantages,
+# with c = 3 unless set; Eq. 22 is the plain clipped surrogate, so both backends set c out of reach.
+DUAL_CLIP_OFF = 1e9
+
+
+def clip_ratios(objective: ObjectiveConfig) -> dict[str, float]:
+    """The objective's PPO clip range under verl's actor names, the one mapping both backends
+    use (the local loss here, the verl actor in ``cbpo/backends/verl/config.py``)."""
+    low, high = (objective.clip_eps if x is None else x for x in (objective.clip_low, objective.clip_high))
+    return {"clip_ratio": objective.clip_eps, "clip_ratio_low": low, "clip_ratio_high": high}
+
+
 def _actor_config(objective: ObjectiveConfig, global_batch_info: Mapping[str, Any]):
     from verl.workers.config.actor import ActorConfig
 
-    # verl's vanilla loss also applies dual-clip PPO (ratio bound c) on negative advantages;
-    # Eq. 22 is the plain clipped surrogate, so c is set out of reach.
     return ActorConfig(
         strategy="fsdp",
-        clip_ratio=objective.clip_eps,
-        clip_ratio_low=objective.clip_low,
-        clip_ratio_high=objective.clip_high,
-        clip_ratio_c=1e9,
+        **clip_ratios(objective),
+        clip_ratio_c=DUAL_CLIP_OFF,
         rollout_n=1,
         ppo_mini_batch_size=1,
         ppo_micro_batch_size_per_gpu=1,

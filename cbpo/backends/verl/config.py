@@ -17,6 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from cbpo.objective import DUAL_CLIP_OFF, clip_ratios
 from cbpo.rollout.vllm_engine import max_logprobs
 
 
@@ -85,7 +86,7 @@ def overrides(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files
                 "ppo_mini_batch_size": rl.problems_per_step // rl.ppo_mini_batches,
                 "ppo_micro_batch_size_per_gpu": verl_cfg.micro_batch_per_gpu,
                 "ppo_epochs": 1,
-                **clip_ratios(objective),
+                **clip_ratios(objective), "clip_ratio_c": DUAL_CLIP_OFF,  # as the local loss
                 "loss_agg_mode": objective.loss_agg_mode,
                 "policy_loss": {"loss_mode": objective.policy_loss},
                 "use_kl_loss": objective.beta > 0, "kl_loss_coef": objective.beta, "kl_loss_type": objective.kl_estimator,
@@ -128,12 +129,6 @@ def overrides(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files
             "use_v1": False, "max_actor_ckpt_to_keep": 1,  # as the local trainer, the newest checkpoint only
         },
     }
-
-
-def clip_ratios(objective) -> dict:
-    """The objective's PPO clip range under verl's names (the actor's and the distillation loss's)."""
-    low, high = (objective.clip_eps if x is None else x for x in (objective.clip_low, objective.clip_high))
-    return {"clip_ratio": objective.clip_eps, "clip_ratio_low": low, "clip_ratio_high": high}
 
 
 def teacher_pool(verl_cfg: VerlConfig) -> tuple[int, int]:
