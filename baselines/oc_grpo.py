@@ -15,7 +15,9 @@ Implemented (BASELINES.md section 6):
    here with the model ``setup`` gives), multiplies its token advantages. With one optimiser
    step per batch (``rl.ppo_mini_batches=1``) the clipped ratio is 1 at the gradient, so this is
    the clipped surrogate against the behaviour policy of BASELINES.md.
-3. GRPO advantages over all M rewards; a privileged rollout that copies p verbatim gets reward 0.
+3. GRPO advantages over all M rewards; a privileged rollout that leaks p gets reward 0: its
+   model text (tool observations excluded: a tool may print what the model derived) names the
+   hint, or states a gold answer outside its final ``<answer>`` (``leaks_hint``).
 
 On verl (cbpo/backends/verl/): collect runs in the agent loop without the model
 (``setup(None, ...)``) and each rollout carries its hinted prompt and leak flag. The trainer
@@ -36,9 +38,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
+import re
+
 import numpy as np
 
 from baselines.logprobs import model_token_logprobs
+from cbpo.chat import TOOL_TAGS
 from cbpo.credit import grpo_advantages
 from cbpo.objective import ObjectiveConfig
 from cbpo.registry import Problems, Sampler, TokenCredit, register_method, sample_fresh
@@ -46,6 +51,8 @@ from cbpo.trajectory import Trajectory
 
 HINT = ("Privileged hint: a reference answer to this question is {answer}. Use it to guide your "
         "reasoning and tool calls, derive the answer yourself, and do not mention this hint.")
+HINT_WORDING = ("privileged hint", "reference answer", "this hint")  # phrases of HINT a leak repeats
+ANSWER_OPEN = TOOL_TAGS["answer"][0]
 
 
 @dataclass(frozen=True)
@@ -65,8 +72,35 @@ class OCGRPOConfig(ObjectiveConfig):
 
 def hint(row: Mapping[str, Any]) -> str:
     """The privileged information p of a problem: its gold answer (the first, if several)."""
+    return HINT.format(answer=answers(row)[0])
+
+
+def answers(row: Mapping[str, Any]) -> list[str]:
     answer = row["answer"]
-    return HINT.format(answer=answer if isinstance(answer, str) else answer[0])
+    return [answer] if isinstance(answer, str) else list(answer)
+
+
+def leaks_hint(text: str, gold: Sequence[str]) -> bool:
+    """Whether a privileged rollout's model text restates its hint: the hint's wording anywhere,
+    or a gold answer (as a whole word, any case) before its final answer tag, which is where the
+    answer belongs. A check for the whole hint sentence almost never fires (BASELINES.md sec. 6)."""
+    if any(w in text.lower() for w in HINT_WORDING):
+        return True
+    cut = text.rfind(ANSWER_OPEN)
+    before = text if cut < 0 else text[:cut]
+    return any(re.search(rf"(?<!\w){re.escape(a.strip())}(?!\w)", before, re.IGNORECASE) for a in gold if a.strip())
+
+
+def model_text(tokenizer, t: Trajectory) -> str:
+    """The text of a rollout's model tokens, each run decoded on its own (observations left out)."""
+    runs, run = [], []
+    for tok, own in zip(t.response_ids, t.model_mask):
+        if own:
+            run.append(tok)
+        elif run:
+            runs.append(run)
+            run = []
+    return "\n".join(tokenizer.batch_decode(runs + [run] if run else runs, skip_special_tokens=False))
 
 
 def off_context_weights(logp_old: np.ndarray, logp_behaviour: np.ndarray, cap: float) -> np.ndarray:
@@ -110,14 +144,13 @@ class OCGRPO:
             for x in owners
         ])
         hinted = [k for k, t in enumerate(done) if t.kind == "privileged"]
-        texts = self.tokenizer.batch_decode([done[k].response_ids for k in hinted], skip_special_tokens=False)
         self.last_hinted = [{} for _ in prompts]
         leaks = [set() for _ in prompts]
-        for k, text in zip(hinted, texts):
+        for k in hinted:
             x = owners[k]
             slot = half + k - x * rest  # its index in groups[x] once appended below
             self.last_hinted[x][slot] = done[k].prompt_ids
-            if hints[x] in text:
+            if leaks_hint(model_text(self.tokenizer, done[k]), answers(problems.rows[x])):
                 leaks[x].add(slot)
             # from here on a privileged rollout lives in the hint-free context it is trained in
             done[k] = replace(done[k], prompt_ids=list(prompts[x]))

@@ -133,3 +133,34 @@ def test_without_a_model_collect_records_the_privileged_rollouts_and_off_context
     np.testing.assert_allclose(credits[0][2][0], adv[2] * np.minimum(np.exp(old[2] - behaviour[2]), 2.0))
     np.testing.assert_allclose(credits[0][3][0], adv[3] * np.array([0.5, 0.5, 2.0, 2.0]))
     np.testing.assert_allclose(credits[0][0][0], np.full(groups[0][0].n_model_tokens, adv[0]))
+
+
+def test_a_privileged_rollout_that_states_the_gold_answer_before_its_answer_leaks(problems, tokenizer):
+    # Issue 24.3: the hint's whole sentence almost never reappears, so a rollout that states the
+    # gold answer (40) without the hint's wording kept its reward. The answer tag is where the
+    # answer belongs, and a tool that prints it (an observation) is the model's own derivation.
+    def ids(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    responses = {
+        2: [(ids("<think>it is 40</think><answer>\\boxed{40}</answer>"), True)],  # leaks
+        3: [(ids("<think>add</think><answer>\\boxed{40}</answer>"), True)],  # the final answer only
+        4: [(ids("<python>print(1 + 2)</python>"), True), (ids("<result>\n40\n</result>"), False),
+            (ids("<answer>\\boxed{40}</answer>"), True)],  # the tool printed it
+        5: [(ids("<think>the reference answer helps</think><answer>3</answer>"), True)],  # the hint's wording
+    }
+
+    def sample(trajs):
+        out = []
+        for j, t in enumerate(trajs):
+            parts = responses.get(j + 2 if t.kind == "privileged" else -1, [([5, 6, 7], True)])
+            resp = [tok for p, _ in parts for tok in p]
+            mask = [own for p, own in parts for _ in p]
+            out.append(Trajectory(list(t.prompt_ids), resp, mask, [0.0] * len(resp), [0.1] * len(resp),
+                                  finish="answer", kind=t.kind))
+        return out
+
+    method = OCGRPO(budget=8)
+    method.setup(None, tokenizer, 1.0)
+    method.collect([[1, 2]], sample, problems(1, lambda k: 0.0))
+    assert method.last_leaks == [{4, 7}]  # slots 4..7 hold privileged rollouts 2..5
