@@ -24,6 +24,14 @@ batch, so the choice that verl's v1 replay buffer makes by refilling evicted gro
 inside the group. The method is offered the row's problem and P - 1 replacements from the run's
 training rows, draws them lazily and keeps the first informative group, which is what verl trains
 under the row's uid; the rollouts it drew and does not return are counted (``DRAW_STATS``).
+
+A method's own random draws (``rng``: Tree-GRPO's nodes, ARPO's and AEPO's branches) come, for
+each group, from a generator of its own seeded by the method's seed, the training step and the
+row's index (``GroupRollouts.method_rng``): every agent-loop worker builds the method with the
+same seed and groups collect at once in threads, so one shared generator would give the
+workers identical streams and each group draws that depend on thread timing. Keyed so, a
+resumed run redraws exactly what the first run drew at that step with no generator state to
+checkpoint; the local trainer, one process, checkpoints its method's generator instead.
 """
 from __future__ import annotations
 
@@ -149,12 +157,19 @@ class GroupRollouts:
         rng = np.random.default_rng([self.seed, step, index])
         return [self.pool[int(i)] for i in rng.choice(others, self.draws - 1, replace=len(others) < self.draws - 1)]
 
+    def method_rng(self, index: int, step: int) -> np.random.Generator:
+        """The generator of the method's own draws for the group of the pool's row ``index`` at
+        training ``step``: from the method's seed (the run's), never shared with another group."""
+        return np.random.default_rng([getattr(self.method.cfg, "seed", self.seed), step, index, 1])
+
     def _collect(self, uid: str, row: Mapping[str, Any], index: int,
                  step: int) -> tuple[list[Trajectory], Mapping[str, Any], dict, dict[int, tuple[list[int], bool]]]:
         engine = self.engine_for(uid)
         # groups collect at once in threads: each on its own shallow copy, so what a method keeps
         # of its last collect (OC-GRPO's hinted prompts and leaks) is its group's
         method = copy.copy(self.method)
+        if hasattr(method, "rng"):
+            method.rng = self.method_rng(index, step)
         rows = [row, *self.replacements(index, step)] if self.draws > 1 else [row]
         drawn: list[tuple[Mapping[str, Any], list[Trajectory]]] = []  # in the order the method scores them
 

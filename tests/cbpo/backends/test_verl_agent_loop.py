@@ -348,3 +348,38 @@ def test_oc_grpo_rollouts_carry_their_hinted_prompt_and_leak_flag_and_concurrent
                                               (hinted[row["id"]], row["id"] == "p"), (hinted[row["id"]], False)]
     assert outputs[2][0].response_ids[: len(leak)] == leak
     assert sum(p == hinted["q"] for _, p, _ in server.requests) == 2  # q's privileged contexts were sampled
+
+
+# A method's own random draws (Tree-GRPO's nodes): per group, whatever worker or thread runs it.
+
+def test_a_groups_random_draws_are_its_own_whatever_worker_runs_it_and_whatever_ran_before(tokenizer):
+    # Issue 24.5: every worker seeded its method alike and groups shared one generator, so a
+    # group's draws depended on the groups its worker ran before it and on thread timing, and a
+    # resumed run redrew. Now a group draws from (seed, step, row index) alone.
+    rows = [{"id": f"p{i}", "question": q, "answer": "3", "domain": "math"}
+            for i, q in enumerate(("What is 1 plus 2?", "We add the numbers.", "What is 2 plus 1?"))]
+    tools, _, score, encode = setup(tokenizer)
+
+    def tree_grpo():
+        return registry.get_method("tree_grpo")(vocab_size=len(tokenizer), budget=BUDGET, expansions=1, seed=3)
+
+    def worker(jobs):
+        """One agent-loop worker's groups, ``(row index, step)`` each, run concurrently."""
+        server = FakeServer(tokenizer)
+
+        async def go():
+            loop = asyncio.get_running_loop()
+            rollouts = agent_loop.GroupRollouts(
+                tree_grpo(), tokenizer, tools, AGENT, lambda uid: agent_loop.ServerEngine(server.generate, loop, uid, top_k_entropy=3),
+                encode, score, BUDGET)
+            outs = await asyncio.gather(*(rollouts.rollout(f"uid-{i}-{s}", rows[i], i, s) for i, s in jobs for _ in range(BUDGET)))
+            assert rollouts.method.rng.bit_generator.state == tree_grpo().rng.bit_generator.state  # untouched
+            return [[(t.parent, t.at) for t, *_ in outs[g * BUDGET:(g + 1) * BUDGET]] for g in range(len(jobs))]
+
+        return asyncio.run(go())
+
+    (alone,) = worker([(0, 5)])
+    after_others = worker([(1, 5), (2, 5), (0, 5)])[2]
+    assert after_others == alone  # the other groups drew nothing from row 0's generator
+    draws = {tuple(worker([(0, s)])[0]) for s in range(1, 6)}
+    assert len(draws) > 1  # each step draws afresh
