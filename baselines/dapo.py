@@ -6,6 +6,8 @@ arXiv 2503.14476): GRPO plus four changes, all implemented.
 - Dynamic sampling (Sec. 3.2): a group whose M outcome rewards are all equal has no gradient
   and is dropped; batches of the step's size are drawn from the offered prompts until the step
   has as many informative groups as problems, or ``max_num_gen_batches`` batches were drawn.
+  A problem offered again in the same step (a pool smaller than the offered prompts) is not
+  drawn again, so no problem is trained twice in a step.
   The kept problems have exactly M rollouts each; every rollout drawn and not trained on is
   counted in :meth:`DAPO.step_stats` (``extra_rollouts`` and their tokens and tool calls), so a
   table can show what the matched budget really cost. ``max_num_gen_batches=1`` is the
@@ -107,19 +109,25 @@ class DAPO:
         size = len(prompts) // self.prompt_pool
         out: list[list[Trajectory]] = [[] for _ in prompts]
         drawn: list[Trajectory] = []
-        kept = batches = 0
+        seen: set[tuple[int, ...]] = set()
+        kept = batches = gen_batches = 0
         while kept < size and batches < self.prompt_pool:
-            idx = list(range(batches * size, (batches + 1) * size))
+            # a small pool offers a problem again within one step: it is drawn (and trained) once
+            idx = [i for i in range(batches * size, (batches + 1) * size)
+                   if tuple(prompts[i]) not in seen and not seen.add(tuple(prompts[i]))]
+            batches += 1
+            if not idx:
+                continue
             groups = sample_fresh([prompts[i] for i in idx], self.cfg.budget, sample)
             problems.score(groups, idx)
-            batches += 1
+            gen_batches += 1
             for i, g in zip(idx, groups):
                 drawn += g
                 # verl's recipe keeps exactly the batch size: informative groups past it are dropped too.
                 if kept < size and (not self.cfg.filter_groups or informative([t.reward for t in g])):
                     out[i] = g
                     kept += 1
-        self._stats = {"gen_batches": batches, "kept_groups": kept, **extra_stats(drawn, out)}
+        self._stats = {"gen_batches": gen_batches, "kept_groups": kept, **extra_stats(drawn, out)}
         return out
 
     def step_stats(self) -> dict[str, float]:

@@ -80,3 +80,16 @@ def test_budget_and_pool_checks():
         DAPO(budget=1)
     with pytest.raises(ValueError, match="multiple of its pool"):
         DAPO(max_num_gen_batches=2).collect([[1], [2], [3]], None, None)
+
+
+def test_a_problem_offered_twice_in_a_step_is_drawn_and_trained_once(fake_agent, problems):
+    # Issue 24.4: 24 pool problems, 80 offered per step: the trainer's offer repeats problems,
+    # and each repeat was drawn again (16 more rollouts) and could be trained twice in one step.
+    offered = [[1], [2], [1], [3], [2], [3], [4], [1]]
+    reward = lambda i, k: float(offered[i] not in ([1], [3]) and k == 0)  # noqa: E731: 1 and 3 uninformative
+    scored = []
+    method = DAPO(budget=4, max_num_gen_batches=4)
+    groups = method.collect(offered, fake_agent(), problems(8, reward, scored, by_index=True))
+    assert scored == [[0, 1], [3], [6]]  # batch 2 only repeats: nothing drawn
+    assert [t.prompt_ids for g in groups for t in g[:1]] == [[2], [4]]
+    assert method.step_stats()["gen_batches"] == 3 and method.step_stats()["extra_rollouts"] == 8
