@@ -5,6 +5,22 @@ import argparse
 import json
 import sys
 
+# Input and output of each JSON contract, shown by its --help (docs/cli.md gives examples).
+ALLOCATE_SCHEMA = """input (one JSON object):
+  {"budget": M, "config": {w, d_min, top_j, alpha, gamma, kappa, rho_path, rho_node, b_node, b_path,
+   candidates}  (optional, CBPO's defaults otherwise),
+   "problems": [{"id": any (optional), "vocab_size": V,
+                 "parents": [{"id": any (optional), "token_entropy": [H_t >= 0 per model token],
+                              "tool_boundaries": [model-token positions] (optional)}]}]}
+output: {"problems": [{"id", "branches": [{"parent": parent id or index, "at": b}], "fill": n}]}
+  branches in the order Algorithm 1 draws them (Eqs. 5-10); fill: independent rollouts that fill
+  the remaining slots."""
+CREDIT_SCHEMA = """input (one JSON object per line, a problem's rollouts in any order):
+  {"id": str|int, "problem": str|int, "kind": "parent"|"branch"|"fill", "reward": r,
+   "n_tokens": model tokens, "parent": a parent's id (branches), "at": b (branches)}
+output: one line per input line, in input order:
+  {"id", "advantage": [A_t per model token], "loss_mask": [0|1 per model token]}  (Eqs. 13-19)"""
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -14,9 +30,12 @@ def main(argv: list[str] | None = None) -> int:
         return cli(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m cbpo", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("allocate", help="Stage-1 branch plan (Eqs. 5-10) for IN.json")
+    raw = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("allocate", help="Stage-1 branch plan (Eqs. 5-10) for IN.json", epilog=ALLOCATE_SCHEMA,
+                       formatter_class=raw)
     p.add_argument("input", help="JSON file, or - for stdin")
-    p = sub.add_parser("credit", help="Stage-2 token advantages (Eqs. 13-19) for IN.jsonl")
+    p = sub.add_parser("credit", help="Stage-2 token advantages (Eqs. 13-19) for IN.jsonl", epilog=CREDIT_SCHEMA,
+                       formatter_class=raw)
     p.add_argument("input", help="JSONL file, or - for stdin")
     p.add_argument("--config", default=None, help="JSON object of CBPOConfig overrides, e.g. '{\"eta\": 0}'")
     sub.add_parser("sandbox", help="run FILE.py in the Python sandbox (see --help there)")

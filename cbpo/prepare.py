@@ -10,10 +10,22 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from cbpo.data import generate_task, load_split
-from cbpo.schema import entry_point
+from cbpo.schema import config_options, entry_point
 
 
-@entry_point
+def usage() -> str:
+    return f"""python -m cbpo.prepare: the DAG's cached preparation steps.
+
+  python -m cbpo.prepare target=data data=mix      # the built-in task files under data/tasks/
+  python -m cbpo.prepare target=model model=tiny   # models/tiny (scratch model, or a converted checkpoint)
+
+Settings people change: target=data|model   data=NAME   model=NAME   preset=NAME
+data: {', '.join(config_options('data'))}
+models: {', '.join(config_options('model'))}
+"""
+
+
+@entry_point(usage=usage)
 def main(cfg: DictConfig) -> None:
     target = cfg.get("target")
     data_dir = Path(cfg.paths.data_dir)

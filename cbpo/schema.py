@@ -237,10 +237,26 @@ def refuse_moved(overrides: Sequence[str]) -> None:
                              "and the entropy's top-K belong to the method, the one place each is read)")
 
 
-def entry_point(task: Callable[[DictConfig], Any]) -> Callable[[], Any]:
+def config_options(group: str) -> list[str]:
+    """The options of a config group: its ``configs/<group>/*.yaml`` files."""
+    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+
+
+# With --help: Hydra's settings dump and flags after the entry point's usage, not Hydra's
+# group list, which shows the internal schema/method group (configs/hydra/help/suite.yaml).
+HELP_TEMPLATE = "hydra/help=suite"
+
+
+def entry_point(task: Callable[[DictConfig], Any] | None = None, *,
+                usage: Callable[[], str] | None = None) -> Callable[[], Any]:
     """``hydra.main`` on ``configs/config.yaml`` with this schema: ``task`` runs only on
     settings that pass ``validate``, and an override of a moved key is refused naming its new
-    place. ``--cfg job`` prints the composed (type-checked) config without running ``task``."""
+    place. ``--cfg job`` prints the composed (type-checked) config without running ``task``;
+    ``--help`` prints ``usage()`` (what the entry point does, the settings people change, the
+    options it accepts) before Hydra's settings dump. Use as ``@entry_point`` or
+    ``@entry_point(usage=...)``."""
+    if task is None:
+        return functools.partial(entry_point, usage=usage)
     register()
 
     @functools.wraps(task)  # Hydra finds configs/ and names the job from the wrapped task
@@ -259,6 +275,9 @@ def entry_point(task: Callable[[DictConfig], Any]) -> Callable[[], Any]:
             refuse_moved(sys.argv[1:])
         except ValueError as e:
             sys.exit(f"invalid setting: {e}")
+        if usage is not None and any(a in ("--help", "-h") for a in sys.argv[1:]):
+            print(usage())
+            sys.argv.append(HELP_TEMPLATE)
         return main()
 
     return run

@@ -9,10 +9,9 @@ resumes them only when ``run_key.json`` (what the weights depend on) still match
 """
 from __future__ import annotations
 
-import hashlib
+import importlib
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -22,83 +21,52 @@ from omegaconf import DictConfig, OmegaConf
 
 from cbpo.backends.device import resolve_device, resolve_dtype
 from cbpo.chat import resolve_system_prompt
-from cbpo.data import load_split, write_atomically
+from cbpo.data import load_split
 from cbpo.provenance import write_provenance
-from cbpo.runs import WriterLock, checkpoint_fingerprint, name_run
-from cbpo.schema import entry_point, settings
+from cbpo.registry import build_method, get_method, known_methods
+from cbpo.runs import WEIGHT_SETTINGS, WriterLock, forget_stale_run, name_run, run_identity
+from cbpo.schema import config_options, entry_point, settings
 from cbpo.trainer import DONE, MetricsLog, rl_train, save_checkpoint, sft
-
-
-def build_method(cfg: DictConfig, vocab_size: int):
-    """The method named by ``method.name`` with every other ``method.*`` setting."""
-    from cbpo.registry import get_method
-
-    params = OmegaConf.to_container(cfg.method, resolve=True)
-    name = params.pop("name")
-    return get_method(name)(vocab_size=vocab_size, **params)
 
 
 def _threads() -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
 
-# The settings a stage's weights depend on; evaluation.*, wandb.*, paths.* and benchmark only
-# say where outputs go or what is measured afterwards. Rollout and scan feed the method.
-# backend and dtype change the arithmetic that produces the weights; the device alone does not.
-_WEIGHT_SETTINGS = {
-    "sft": ("model", "data", "sft", "system_prompt", "seed", "backend", "dtype"),
-    "rl": ("model", "data", "method", "rollout", "scan", "rl", "tools_cfg", "system_prompt", "seed", "backend", "dtype"),
-}
-_BOOKKEEPING = ("log_every", "checkpoint_every", "dump_rollouts", "dump_every")  # when to record, not what is learnt
+# backend -> "module:function(cfg, out)", imported on use (verl's import alone costs seconds).
+# A backend is a package that imports the core; the core never imports a backend.
+BACKENDS = {"local": f"{__name__}:run_local", "verl": "cbpo.backends.verl.launch:run_verl"}
 
 
-def run_identity(cfg: DictConfig, rows, init: str | Path) -> dict:
-    """What a run's weights depend on: its stage's settings, its training rows and the
-    fingerprint of the checkpoint it starts from (SFT: the prepared model)."""
-    values = OmegaConf.to_container(cfg, resolve=True)
-    key = {name: values.get(name) for name in _WEIGHT_SETTINGS[cfg.stage]}
-    key[cfg.stage] = {k: v for k, v in key[cfg.stage].items() if k not in _BOOKKEEPING}
-    key["stage"] = cfg.stage
-    key["rows"] = hashlib.sha256(json.dumps(list(rows), sort_keys=True).encode()).hexdigest()
-    key["init"] = checkpoint_fingerprint(init)
-    return json.loads(json.dumps(key, sort_keys=True))  # as it reads back from run_key.json
+def usage() -> str:
+    trained = [m for m in known_methods() if get_method(m).trains]
+    return f"""python -m cbpo.train: train one run, the shared SFT initialisation or an RL method from it.
+
+  python -m cbpo.train stage=sft preset=tiny                 # runs/tiny/tiny/mix/seed0/sft/final
+  python -m cbpo.train stage=rl method=cbpo preset=tiny      # runs/tiny/tiny/mix/seed0/cbpo/final
+
+Writes <run>/final (weights, tokenizer, DONE.json last), <run>/metrics.jsonl and step_* checkpoints;
+a rerun resumes them while run_key.json (what the weights depend on) still matches.
+
+Settings people change:
+  stage=sft|rl        method=NAME     preset=NAME     model=NAME     data=NAME     seed=N
+  method.KEY=VALUE    (e.g. method.eta=0 is CBPO w/o CBV; variant=NAME names such a run)
+  rl.steps=N  rl.dump_rollouts=true  backend=local|verl  device=auto|cpu|cuda
+
+methods that train: {', '.join(trained)}   (python -m cbpo methods describes each)
+presets: {', '.join(config_options('preset'))}; models: {', '.join(config_options('model'))}
+data: {', '.join(config_options('data'))}
+"""
 
 
-def _forget_stale_run(out: Path, identity: dict) -> None:
-    """Resume only a run of the same identity: a run whose weights-relevant settings or
-    starting checkpoint changed starts from scratch instead of picking up checkpoints of the
-    old one. A finished run of other settings is never overwritten."""
-    key_file = out / "run_key.json"
-    old = json.loads(key_file.read_text()) if key_file.is_file() else None
-    if old == identity:
-        return
-    changed = ", ".join(sorted(k for k in identity if old is None or old.get(k) != identity[k]))
-    if (out / "final" / DONE).is_file():
-        raise RuntimeError(f"{out / 'final'} was trained with other settings ({changed}): name this run "
-                           f"with variant=..., or delete {out} to retrain it")
-    stale = [*out.glob("step_*"), out / "metrics.jsonl", out / "rollouts", out / "wandb"]
-    if any(p.exists() for p in stale):
-        print(f"{out}: {changed} changed since the last run; starting afresh")
-    for path in stale:
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-    write_atomically(key_file, json.dumps(identity, indent=1, sort_keys=True) + "\n")
-
-
-@entry_point
+@entry_point(usage=usage)
 def main(cfg: DictConfig) -> None:
-    from cbpo.models import load_model, resolve_model
-
     _threads()
     torch.manual_seed(cfg.seed)
     stage = cfg.stage
-    if stage not in _WEIGHT_SETTINGS:
+    if stage not in WEIGHT_SETTINGS:
         raise ValueError(f"stage must be 'sft' or 'rl', got {stage!r}")
     if stage == "rl":
-        from cbpo.registry import get_method
-
         if not get_method(cfg.method.name).trains:
             raise ValueError(f"method {cfg.method.name!r} does not train: evaluate it with "
                              f"`python -m eval.run method={cfg.method.name} benchmark=...`")
@@ -107,10 +75,18 @@ def main(cfg: DictConfig) -> None:
     out = Path(cfg.out if stage == "rl" else Path(cfg.init).parent)  # the SFT run is the one RL starts from
     if stage == "sft":  # named by its folder (sft; OPD's teacher), not by a method it does not train
         cfg.run_name = out.name
-    if cfg.backend == "verl":
-        from cbpo.backends.verl.launch import run_verl
+    if cfg.backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {cfg.backend!r}")
+    module, function = BACKENDS[cfg.backend].split(":")
+    getattr(importlib.import_module(module), function)(cfg, out)
 
-        return run_verl(cfg, out)
+
+def run_local(cfg: DictConfig, out: Path) -> None:
+    """One process on this machine (CPU or one GPU): the suite's own trainer (cbpo/trainer.py)."""
+    from cbpo.models import load_model, resolve_model
+
+    stage = cfg.stage
+    overrides = HydraConfig.get().overrides.task
     device = resolve_device(cfg.device)  # before anything is written: device=cuda without a GPU stops here
     dtype = resolve_dtype(cfg.dtype, device)
     final = out / "final"
@@ -120,11 +96,11 @@ def main(cfg: DictConfig) -> None:
         raise FileNotFoundError(f"RL starts from {init}, which is not a finished checkpoint (run stage=sft first)")
     identity = run_identity(cfg, rows, init)
     if (final / DONE).is_file():
-        _forget_stale_run(out, identity)  # refuses a finished run of other settings
+        forget_stale_run(out, identity)  # refuses a finished run of other settings
         print(f"already finished: {final}")
         return
     writer = WriterLock(out)  # one process writes a run; the kernel frees it when this one ends
-    _forget_stale_run(out, identity)
+    forget_stale_run(out, identity)
     write_provenance(out, cfg, overrides)
     log = MetricsLog(out / "metrics.jsonl", cfg.wandb, OmegaConf.to_container(cfg, resolve=True))
     t0 = time.perf_counter()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -19,8 +20,9 @@ from cbpo.backends.device import resolve_device, resolve_dtype
 from cbpo.data import shared_data_dir, write_atomically
 from cbpo.provenance import write_provenance
 from cbpo.runs import checkpoint_fingerprint, name_run
-from cbpo.schema import entry_point, settings
-from eval.benchmarks import benchmark_config, load_benchmark
+from cbpo.registry import known_methods
+from cbpo.schema import config_options, entry_point, settings
+from eval.benchmarks import benchmark_config, list_benchmarks, load_benchmark
 from eval.runner import run_benchmark
 from eval.scoring import make_scorer
 
@@ -114,7 +116,26 @@ def evaluate_only_row(cfg: DictConfig):
     return cls(**params).cfg
 
 
-@entry_point
+def usage() -> str:
+    return f"""python -m eval.run: evaluate one checkpoint on one benchmark (Pass@1, Pass@k, tokens, tool calls).
+
+  python -m eval.run benchmark=arith run_name=cbpo preset=tiny          # runs/tiny/tiny/mix/seed0/cbpo/final
+  python -m eval.run benchmark=arith method=cbpo method.eta=0 preset=tiny   # the run trained with those overrides
+  python -m eval.run benchmark=arith method=sft preset=tiny             # a row that does not train (base, tir, sft)
+
+Writes <eval_out>/samples.jsonl (resumable), summary.json, identity.json and provenance.json.
+
+Settings people change:
+  benchmark=NAME   method=NAME or run_name=NAME   preset=NAME   model=NAME   data=NAME   seed=N
+  evaluation.n_samples=N  evaluation.temperature=T  evaluation.limit=N  checkpoint=DIR
+
+benchmarks: {', '.join(list_benchmarks())}
+methods: {', '.join(known_methods())}
+presets: {', '.join(config_options('preset'))}; models: {', '.join(config_options('model'))}
+"""
+
+
+@entry_point(usage=usage)
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
@@ -123,6 +144,8 @@ def main(cfg: DictConfig) -> None:
     from cbpo.tools import build_tools
     from cbpo.trainer import DONE
 
+    if cfg.benchmark not in list_benchmarks():  # named before any checkpoint is looked for
+        sys.exit(f"invalid setting: benchmark={cfg.benchmark} is not a benchmark; known: {', '.join(list_benchmarks())}")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     overrides = HydraConfig.get().overrides.task
     name_run(cfg, overrides)
