@@ -220,7 +220,8 @@ def plot(table: pd.DataFrame, chosen: dict[str, np.ndarray], out: Path, label: s
     x = np.arange(len(overall))
     ax_credit.bar(x - 0.2, overall["decision_token_share"], 0.4, label="decision tokens' share of tokens")
     ax_credit.bar(x + 0.2, overall["abs_adv_share"], 0.4, label="their share of |advantage|")
-    ax_credit.set(xticks=x, xticklabels=overall["method"], title="(a) credit on decision tokens")
+    ax_credit.set(xticks=x, xticklabels=overall["method"], ylabel="share of the loss tokens' total",
+                  title="(a) credit on decision tokens")
     ax_credit.legend(fontsize="small")
     # One colour per method and task: the probability solid, the sampled outcome dotted behind it.
     for (method, task), part in table[table["step"] != "all"].groupby(["method", "task"], sort=False):

@@ -9,7 +9,8 @@
 ``S`` is a study (``<preset>/<model>/<data>``); ``--runs`` and ``--summaries`` give one folder
 per seed. Each command writes ``<out>.png`` and ``<out>.pdf``. Training curves read each run's
 ``metrics.jsonl``; Fig. 2 and Fig. 5 (c, d) read the newest rollout dump of a CBPO run
-(``rollouts/step_*.jsonl``, ``rl.dump_rollouts=true``) and its ``run_key.json`` (the method's
+that has a chosen branch point (``rollouts/step_*.jsonl``, ``rl.dump_rollouts=true``; the newest
+dump where none has) and its ``run_key.json`` (the method's
 w, rho_path and rho_node). Across seeds a curve or bar is the mean with a 95% Student-t interval.
 A missing input file is an error naming it (exit 2).
 """
@@ -118,11 +119,12 @@ def curves(runs: Sequence[Path], methods: Sequence[str], out: Path, label: str) 
 
 # ----------------------------------------------------------------------------- rollout dumps
 
-def newest_dump(run: Path) -> Path:
+def run_dumps(run: Path) -> list[Path]:
+    """A run's rollout dumps, oldest step first."""
     dumps = sorted((run / "rollouts").glob("step_*.jsonl"))
     if not dumps:
         raise FileNotFoundError(f"missing input file {run / 'rollouts'}/step_*.jsonl (train with rl.dump_rollouts=true)")
-    return dumps[-1]
+    return dumps
 
 
 # What the figures read of a dumped rollout (a paper-scale dump holds thousands of long ones):
@@ -145,9 +147,15 @@ def problem_groups(path: Path) -> list[list[dict]]:
 
 
 def dump_response(run: Path) -> tuple[Path, list[list[dict]], tuple[int, int]]:
-    """A CBPO run's newest dump, its problem sets and the (set, parent) of the response shown."""
-    path = newest_dump(run)
-    groups = problem_groups(path)
+    """The newest dump of a CBPO run where a branch point was chosen (else its newest dump),
+    its problem sets and the (set, parent) of the response shown."""
+    dumps = run_dumps(run)
+    for path in reversed(dumps):
+        groups = problem_groups(path)
+        if any(r.get("chosen") for g in groups for r in g):
+            break
+    else:
+        path, groups = dumps[-1], problem_groups(dumps[-1])
     try:
         return path, groups, choose_response(groups)
     except ValueError as e:
@@ -214,8 +222,9 @@ def fig2(run: Path, out: Path, label: str) -> None:
                    label=f"candidate window (w={w})" if i == 0 else None)
     for i, b in enumerate(row["chosen"]):
         ax.axvline(where[b], color="C3", ls="--", lw=1.2, label="chosen branch point" if i == 0 else None)
+    none = "" if row["chosen"] else " (no branch point chosen in any dumped step)"
     ax.set(xlabel="response token (model and observation)", ylabel="entropy (nats)",
-           title=f"Entropy along a response: problem {row['problem']}, step {dump_step(path)}, parent {k + 1}")
+           title=f"Entropy along a response: problem {row['problem']}, step {dump_step(path)}, parent {k + 1}{none}")
     ax.legend(fontsize="small", loc="upper right")
     fig.suptitle(label, fontsize="small")
     save(fig, out)
@@ -227,9 +236,9 @@ def candidate_panel(ax, cands: Sequence[dict], key: str, title: str) -> None:
     sizes = 30 + 400 * values / values.max() if values.size and values.max() > 0 else np.full(values.size, 30.0)
     chosen = np.array([c["chosen"] for c in cands], dtype=bool)
     xs, ys = np.array([c["at"] for c in cands]), np.array([c["parent"] + 1 for c in cands])
-    ax.scatter(xs[~chosen], ys[~chosen], s=sizes[~chosen], facecolors="none", edgecolors="C0", label="retained")
-    if chosen.any():
-        ax.scatter(xs[chosen], ys[chosen], s=sizes[chosen], color="C3", alpha=0.8, label="chosen")
+    # Both kinds always in the legend: an empty "chosen" entry says none was, not that it is not drawn.
+    ax.scatter(xs[~chosen], ys[~chosen], s=sizes[~chosen], facecolors="none", edgecolors="C0", label="retained, not chosen")
+    ax.scatter(xs[chosen], ys[chosen], s=sizes[chosen], color="C3", alpha=0.8, label=f"chosen ({chosen.sum()})")
     for c, x, y in zip(cands, xs, ys):
         ax.annotate(f"{c[key]:.2f}", (x, y), textcoords="offset points", xytext=(6, 6), fontsize="x-small")
     ax.set(xlabel="candidate boundary b (model token)", ylabel="parent", title=title)

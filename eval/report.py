@@ -20,6 +20,11 @@ its job held: a record's own ``devices`` (a verl run's lines: its GPUs, an OPD t
 included), else ``--devices-per-job``, so a job Snakemake
 reruns to find the work done, or that resumes a killed run, does not change them. Writes ``<out>.csv`` (long form, one line per cell), ``<out>.md`` and ``<out>.tex``
 (pandas Styler, booktabs rules).
+
+Like with like: a cell is compared with the paper only where its benchmark is the paper's, and a
+domain average only where its benchmarks are all of the paper's for that domain (the CPU tasks
+are not: the caption says so). An evaluation of a subset (``evaluation.limit`` in the summary's
+``provenance.json``) is marked in every cell it feeds and never compared with the paper.
 """
 from __future__ import annotations
 
@@ -36,7 +41,7 @@ import pandas as pd
 from scipy import stats
 
 from cbpo.data import read_jsonl
-from eval.benchmarks import benchmark_config
+from eval.benchmarks import benchmark_config, list_benchmarks
 from eval.metrics import macro_average
 
 PAPER_DIR = Path(__file__).with_name("paper")
@@ -53,8 +58,9 @@ TABLES = {
 CSV_COLUMNS = ["table", "row", "run", "column", "reproduced", "ci95", "paper", "difference", "produced", "seeds", "summaries"]
 MISSING = "—"  # a cell the run has not produced
 PARTIAL = "†"  # a cell some seeds have not produced: the mean of those that have
+SUBSET = "‡"  # a cell fed by an evaluation of a subset of its benchmark (evaluation.limit)
 OTHER = "other"  # Table 1's group of a row the paper does not report
-LATEX = {"±": "$\\pm$", PARTIAL: "$^\\dagger$", MISSING: "---"}  # applied after ESCAPES, which would escape their $
+LATEX = {"±": "$\\pm$", PARTIAL: "$^\\dagger$", SUBSET: "$^\\ddagger$", MISSING: "---"}  # applied after ESCAPES, which would escape their $
 ESCAPES = {"\\": "\\textbackslash{}", "~": "\\textasciitilde{}", "^": "\\textasciicircum{}",
            **{c: "\\" + c for c in "&%$#_{}"}}
 
@@ -185,15 +191,25 @@ def device_seconds(steps: Sequence[Sequence[dict]], summaries: Sequence[dict], d
     return float(train + sum(s["generation_seconds"] * s.get("devices", devices_per_job) for s in summaries))
 
 
+def evaluation_limit(summary: Path) -> int | None:
+    """The ``evaluation.limit`` an evaluation ran with (its provenance); None: the whole benchmark."""
+    provenance = summary.with_name("provenance.json")
+    if not provenance.is_file():
+        return None
+    return json.loads(provenance.read_text()).get("config", {}).get("evaluation", {}).get("limit")
+
+
 def seed_cells(seed: Seed, run: str, configs: Mapping[str, dict], budget: Budget) -> tuple[list[dict], set[str]]:
     """One seed's cells of ``run`` (NaN where not produced): Pass@1 (%) per benchmark, domain
-    averages, budget; and the columns scored with a fallback metric (to be marked)."""
+    averages, budget, each with whether a subset evaluation feeds it; and the columns scored
+    with a fallback metric (to be marked)."""
     paths = {b: seed.summaries / run / b / "summary.json" for b in configs}
     read = {b: json.loads(path.read_text()) for b, path in paths.items() if path.is_file()}
+    subset = {b: evaluation_limit(paths[b]) is not None for b in read}
     column = {b: config["display_name"] for b, config in configs.items()}
     scores = {column[b]: 100.0 * read[b]["pass@1"] if b in read else np.nan for b in configs}
-    cells = [{"column": column[b], "value": scores[column[b]], "summary": str(paths[b]) if b in read else ""}
-             for b in configs]
+    cells = [{"column": column[b], "value": scores[column[b]], "summary": str(paths[b]) if b in read else "",
+              "subset": subset.get(b, False)} for b in configs]
     averages = macro_average(scores, {column[b]: config["domain"] for b, config in configs.items()})
     spent = {name: pd.Series([s.get(key, np.nan) for s in read.values()], dtype=float).mean()
              for name, key in (("Tokens", "mean_tokens"), ("Tool calls", "mean_tool_calls"))}
@@ -204,8 +220,11 @@ def seed_cells(seed: Seed, run: str, configs: Mapping[str, dict], budget: Budget
         seconds = (device_seconds(list(steps.values()), list(read.values()), budget.devices_per_job)
                    if len(read) == len(configs) else np.nan)
         spent[budget.hours] = seconds / 3600
+    fed = {AVG[d]: any(subset.get(b, False) for b, c in configs.items() if c["domain"] == d) for d in averages}
+    fed |= {name: any(subset.values()) for name in ("Tokens", "Tool calls", budget.hours)}  # held-out samples
     derived = {**{AVG[d]: v for d, v in averages.items()}, **spent}
-    cells += [{"column": name, "value": value, "summary": ""} for name, value in derived.items()]
+    cells += [{"column": name, "value": value, "summary": "", "subset": fed.get(name, False)}
+              for name, value in derived.items()]
     return cells, {column[b] for b, summary in read.items() if summary.get("fallback_used")}
 
 
@@ -227,10 +246,12 @@ def over_seeds(seeds: Sequence[Seed], rows: Mapping[str, str], configs: Mapping[
     measured = pd.DataFrame(records)
     produced = measured.dropna(subset=["value"]).groupby(["row", "column"], sort=False).agg(
         reproduced=("value", "mean"), ci95=("value", ci95), n=("seed", "size"),
-        seeds=("seed", lambda s: " ".join(map(str, s))), summaries=("summary", lambda p: ";".join(filter(None, p))))
+        seeds=("seed", lambda s: " ".join(map(str, s))), summaries=("summary", lambda p: ";".join(filter(None, p))),
+        subset=("subset", "any"))
     cells = measured[["row", "run", "column"]].drop_duplicates().merge(produced.reset_index(), on=["row", "column"], how="left")
     # object: with nothing produced at all, the text columns come back as float NaN
-    return cells.astype({"seeds": object, "summaries": object}).fillna({"n": 0, "seeds": "", "summaries": ""}), marked
+    cells = cells.astype({"seeds": object, "summaries": object, "subset": object})
+    return cells.fillna({"n": 0, "seeds": "", "summaries": "", "subset": False}).astype({"subset": bool}), marked
 
 
 def cell_text(cell, digits: int, seeds: int) -> str:
@@ -238,7 +259,7 @@ def cell_text(cell, digits: int, seeds: int) -> str:
     ours = MISSING
     if cell.produced:
         ours = f"{cell.reproduced:.{digits}f}" + ("" if pd.isna(cell.ci95) else f" ± {cell.ci95:.{digits}f}")
-        ours = (f"**{ours}**" if cell.best else ours) + (PARTIAL if cell.n < seeds else "")
+        ours = (f"**{ours}**" if cell.best else ours) + (PARTIAL if cell.n < seeds else "") + (SUBSET if cell.subset else "")
     if pd.isna(cell.paper):
         return ours
     return f"{ours} ({cell.paper:.1f}, {cell.difference:+.1f})" if cell.produced else f"{ours} ({cell.paper:.1f})"
@@ -251,6 +272,19 @@ def latex(text: str) -> str:
     for markdown, tex in LATEX.items():
         text = text.replace(markdown, tex)
     return text
+
+
+def comparable_columns(configs: Mapping[str, dict], paper: pd.DataFrame) -> set[str]:
+    """The table's columns that measure what the paper's column of that name does: a benchmark
+    the paper reports, and a domain average whose benchmarks are all the paper's of that domain."""
+    domain_of = {c["display_name"]: c["domain"] for c in map(benchmark_config, list_benchmarks())}
+    ours = {c["display_name"]: c["domain"] for c in configs.values()}
+    same = {name for name in ours if name in paper.columns}
+    for domain in dict.fromkeys(ours.values()):
+        papers = {name for name in paper.columns if domain_of.get(name) == domain}
+        if papers and papers == {name for name, d in ours.items() if d == domain}:
+            same.add(AVG[domain])
+    return same
 
 
 def write_table(table: str, out: Path, rows: Mapping[str, str], groups: Sequence[str] | None, seeds: Sequence[Seed],
@@ -267,8 +301,9 @@ def write_table(table: str, out: Path, rows: Mapping[str, str], groups: Sequence
     columns, digits = scored + list(spent), {**dict.fromkeys(scored, 1), **spent}
 
     cells, marked = over_seeds(seeds, rows, configs, budget)
-    cells["paper"] = [paper.at[r, c] if r in paper.index and c in paper.columns else np.nan
-                      for r, c in zip(cells.row, cells.column)]
+    same = comparable_columns(configs, paper)
+    cells["paper"] = [paper.at[r, c] if r in paper.index and c in same and not sub else np.nan
+                      for r, c, sub in zip(cells.row, cells.column, cells.subset)]
     cells["difference"] = cells.reproduced - cells.paper
     cells["produced"] = cells.reproduced.notna()
     shown = cells.reproduced.round(1)  # a tie is a tie as printed
@@ -278,7 +313,7 @@ def write_table(table: str, out: Path, rows: Mapping[str, str], groups: Sequence
     csv = cells.assign(table=table)
     for name in ("reproduced", "ci95", "paper", "difference"):
         csv[name] = [round(v, digits[c]) for v, c in zip(csv[name], csv.column)]
-    csv[CSV_COLUMNS].to_csv(out.with_suffix(".csv"), index=False)
+    csv[[*CSV_COLUMNS, "subset"]].to_csv(out.with_suffix(".csv"), index=False)
 
     text = cells.assign(text=[cell_text(c, digits[c.column], len(seeds)) for c in cells.itertuples()])
     grid = text.pivot(index="row", columns="column", values="text").reindex(index=list(rows), columns=columns).fillna("")
@@ -293,6 +328,15 @@ def write_table(table: str, out: Path, rows: Mapping[str, str], groups: Sequence
                f"{', '.join(numbers)}; {PARTIAL}: mean of the seeds that produced it.")
     if TABLES[table][3] is None:
         legend += " The paper reports no values for this ablation."
+    elif not same:
+        legend += (" None of these benchmarks is the paper's (the CPU demo's tasks stand in for them): "
+                   "no cell is compared with the paper.")
+    elif set(scored) - same:
+        legend += (f" Not compared with the paper (not its benchmarks, or an average over others than its "
+                   f"own): {', '.join(c for c in scored if c not in same)}.")
+    if cells.subset.any():
+        legend += (f" {SUBSET}: fed by an evaluation of a subset of the benchmark (evaluation.limit), "
+                   "not compared with the paper.")
     legend += " Tokens, Tool calls: generated per held-out problem (mean over benchmarks)."
     if "Train tokens" in spent:
         legend += " Train tokens, Train tool calls: generated per training problem (blank: no RL training)."
@@ -306,7 +350,7 @@ def write_table(table: str, out: Path, rows: Mapping[str, str], groups: Sequence
         flat["Group"] = flat["Group"].mask(flat["Group"].duplicated(), "")
     md = flat.to_markdown(index=False, disable_numparse=True)
     out.with_suffix(".md").write_text(f"# {title}: {what}\n\n{legend}\n\n{md}\n")
-    tex = grid.map(latex).style.format_index(escape="latex", axis=0)
+    tex = flat.map(latex).style.hide(axis="index").format_index(escape="latex", axis=1)  # one header row
     out.with_suffix(".tex").write_text(tex.to_latex(hrules=True, caption=latex(f"{title}: {legend}")))
 
 

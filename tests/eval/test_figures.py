@@ -169,3 +169,27 @@ def test_fig2_names_a_dump_without_cbpo_annotations(study, capsys):
                             for line in dump.read_text().splitlines()))
     assert main(command(study, "fig2")) == 2
     assert f"{dump}: the rollout dump has no CBPO annotations" in capsys.readouterr().err
+
+
+def unchosen_copy(dump: Path, target: Path) -> None:
+    """``dump`` as a step where CBPO chose no branch point: its parents, candidates kept."""
+    parents = [json.loads(line) for line in dump.read_text().splitlines() if json.loads(line)["kind"] == "parent"]
+    target.write_text("".join(json.dumps({**r, "chosen": [], "nodes": []}) + "\n" for r in parents))
+
+
+def test_fig2_and_fig5_show_the_newest_step_where_a_branch_point_was_chosen(study):
+    run = study / "runs" / "seed0" / "cbpo"
+    unchosen_copy(run / "rollouts" / "step_000003.jsonl", run / "rollouts" / "step_000005.jsonl")
+    path, groups, (x, k) = dump_response(run)
+    assert path.name == "step_000003.jsonl" and groups[x][k]["chosen"]
+    assert main(command(study, "fig2")) == 0 and main(command(study, "fig5")) == 0
+
+
+def test_without_any_chosen_branch_point_fig2_shows_the_newest_dump(study):
+    run = study / "runs" / "seed0" / "cbpo"
+    dump = run / "rollouts" / "step_000003.jsonl"
+    unchosen_copy(dump, run / "rollouts" / "step_000005.jsonl")
+    unchosen_copy(run / "rollouts" / "step_000005.jsonl", dump)
+    path, groups, (x, k) = dump_response(run)
+    assert path.name == "step_000005.jsonl" and not groups[x][k]["chosen"]
+    assert main(command(study, "fig2")) == 0

@@ -139,12 +139,13 @@ def test_table1_is_beside_the_paper_in_its_groups_and_keeps_a_missing_run(tmp_pa
     cells = rows_of(out.with_suffix(".csv"))
     assert cells[("CBPO", "AIME24")]["paper"] == "30.0" and cells[("CBPO", "AIME24")]["difference"] == "0.0"
     assert cells[("CBPO", "Arith")]["paper"] == ""  # the paper has no such column: ours alone
-    assert cells[("CBPO", "Math Avg.")]["paper"] == "69.3" and cells[("CBPO", "Math Avg.")]["difference"] == "-24.3"  # 45.0
-    assert cells[("CBPO", "Search Avg.")]["paper"] == "57.5"
+    # Issue 24.7: an average over AIME24 and Arith is not the paper's over its five benchmarks
+    assert cells[("CBPO", "Math Avg.")]["paper"] == "" and cells[("CBPO", "Search Avg.")]["paper"] == ""
     md = out.with_suffix(".md").read_text()
     rows = {r[1]: r for r in table_lines(md)}
     assert rows["CBPO"][2:5] == ["**30.0** (30.0, +0.0)", "**60.0**", "**50.0**"]
-    assert rows["CBPO"][5] == "**45.0** (69.3, -24.3)"
+    assert rows["CBPO"][5] == "**45.0**"
+    assert "Not compared with the paper (not its benchmarks, or an average over others than its own): Arith, TwoHop, Math Avg., Search Avg." in md
     # Runs with nothing produced are kept and marked; rows follow the paper's groups, the
     # method the paper does not report last.
     assert rows["Base"][2] == "— (13.3)" and rows["GRPO"][2:4] == ["— (16.7)", "—"]
@@ -262,3 +263,55 @@ def test_bad_seed_folders_exit_2_naming_them(tmp_path, capsys, folders, needle):
     code = main(["table1", "--summaries", *paths, "--out", str(tmp_path / "t"), "--benchmarks", "arith", "--methods", "cbpo"])
     assert code == 2 and needle in capsys.readouterr().err
     assert not (tmp_path / "t.csv").exists()
+
+
+def test_the_tex_table_has_one_header_row_naming_its_row_columns(tmp_path):
+    raw = summaries(tmp_path / "raw", {"sft": {"arith": 0.2}, "cbpo": {"arith": 0.5}})
+    out = tmp_path / "table1"
+    assert main(["table1", "--summaries", str(raw), "--out", str(out), "--benchmarks", "arith", "--methods", "sft", "cbpo"]) == 0
+    tex = out.with_suffix(".tex").read_text()
+    header = tex.split("\\toprule\n", 1)[1].split("\\midrule", 1)[0].strip().splitlines()
+    assert len(header) == 1 and header[0].startswith("Group & Method & Arith")
+    assert "supervised & SFT" in tex and tex.count("supervised") == 1
+
+
+def test_the_cpu_tasks_are_never_beside_the_papers_search_average(tmp_path):
+    # Issue 24.7: "Search Avg. 45.5 (45.7, -0.2)" put a fork task beside the paper's five search benchmarks.
+    raw = summaries(tmp_path / "raw", {"grpo": {"arith_fork": 0.4, "search_fork": 0.455}})
+    out = tmp_path / "table1"
+    assert main(["table1", "--summaries", str(raw), "--out", str(out), "--benchmarks", "arith_fork", "search_fork",
+                 "--methods", "grpo"]) == 0
+    cells = rows_of(out.with_suffix(".csv"))
+    assert cells[("GRPO", "Search Avg.")]["reproduced"] == "45.5" and cells[("GRPO", "Search Avg.")]["paper"] == ""
+    assert all(cell["paper"] == "" for cell in cells.values())
+    md = out.with_suffix(".md").read_text()
+    assert "45.7" not in md and "no cell is compared with the paper" in md
+
+
+def test_the_papers_benchmarks_all_scored_are_compared_with_its_average(tmp_path):
+    names = ["aime24", "aime25", "math500", "gsm8k", "math"]
+    raw = summaries(tmp_path / "raw", {"cbpo": dict.fromkeys(names, 0.5)})
+    out = tmp_path / "table1"
+    assert main(["table1", "--summaries", str(raw), "--out", str(out), "--benchmarks", *names, "--methods", "cbpo",
+                 "--backbone", "Qwen3-4B"]) == 0
+    assert rows_of(out.with_suffix(".csv"))[("CBPO", "Math Avg.")]["paper"] == "69.3"
+
+
+def test_a_subset_evaluation_is_marked_in_every_cell_it_feeds_and_not_beside_the_paper(tmp_path):
+    raw = summaries(tmp_path / "raw", {"cbpo": {"aime24": 0.3, "arith": 0.6}, "sft": {"aime24": 0.1, "arith": 0.2}},
+                    mean_tokens=10.0, mean_tool_calls=1.0)
+    (raw / "cbpo" / "aime24" / "provenance.json").write_text(json.dumps({"config": {"evaluation": {"limit": 6}}}))
+    (raw / "sft" / "aime24" / "provenance.json").write_text(json.dumps({"config": {"evaluation": {"limit": None}}}))
+    out = tmp_path / "table1"
+    assert main(["table1", "--summaries", str(raw), "--out", str(out), "--benchmarks", "aime24", "arith",
+                 "--methods", "sft", "cbpo", "--backbone", "Qwen3-4B"]) == 0
+    cells = rows_of(out.with_suffix(".csv"))
+    assert cells[("CBPO", "AIME24")]["paper"] == "" and cells[("SFT", "AIME24")]["paper"] != ""
+    assert cells[("CBPO", "AIME24")]["subset"] == "True" and cells[("CBPO", "Arith")]["subset"] == "False"
+    rows = {r[1]: r for r in table_lines(out.with_suffix(".md").read_text())}
+    header = ["Group", "Method", "AIME24", "Arith", "Math Avg.", "Tokens", "Tool calls"]
+    cbpo, sft = dict(zip(header, rows["CBPO"])), dict(zip(header, rows["SFT"]))
+    assert all(cbpo[c].endswith("‡") for c in ("AIME24", "Math Avg.", "Tokens", "Tool calls"))
+    assert not cbpo["Arith"].endswith("‡") and "‡" not in "".join(rows["SFT"])
+    assert "‡: fed by an evaluation of a subset" in out.with_suffix(".md").read_text()
+    assert "$^\\ddagger$" in out.with_suffix(".tex").read_text()
