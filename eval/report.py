@@ -313,7 +313,7 @@ def write_table(table: str, out: Path, rows: Mapping[str, str], groups: Sequence
     csv = cells.assign(table=table)
     for name in ("reproduced", "ci95", "paper", "difference"):
         csv[name] = [round(v, digits[c]) for v, c in zip(csv[name], csv.column)]
-    csv[[*CSV_COLUMNS, "subset"]].to_csv(out.with_suffix(".csv"), index=False)
+    csv[CSV_COLUMNS].to_csv(out.with_suffix(".csv"), index=False)
 
     text = cells.assign(text=[cell_text(c, digits[c.column], len(seeds)) for c in cells.itertuples()])
     grid = text.pivot(index="row", columns="column", values="text").reindex(index=list(rows), columns=columns).fillna("")

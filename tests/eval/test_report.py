@@ -307,7 +307,6 @@ def test_a_subset_evaluation_is_marked_in_every_cell_it_feeds_and_not_beside_the
                  "--methods", "sft", "cbpo", "--backbone", "Qwen3-4B"]) == 0
     cells = rows_of(out.with_suffix(".csv"))
     assert cells[("CBPO", "AIME24")]["paper"] == "" and cells[("SFT", "AIME24")]["paper"] != ""
-    assert cells[("CBPO", "AIME24")]["subset"] == "True" and cells[("CBPO", "Arith")]["subset"] == "False"
     rows = {r[1]: r for r in table_lines(out.with_suffix(".md").read_text())}
     header = ["Group", "Method", "AIME24", "Arith", "Math Avg.", "Tokens", "Tool calls"]
     cbpo, sft = dict(zip(header, rows["CBPO"])), dict(zip(header, rows["SFT"]))
