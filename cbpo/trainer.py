@@ -446,9 +446,11 @@ def rl_train(
             _reward(tokenizer, rewarder, [t for g in groups for t in g], [offered[k] for k, g in zip(indices, groups) for _ in g])
 
         model.eval()
+        prefill_before = prefill_counts(engine)
         with torch.no_grad():
             groups = registry.collect(method, [prompts[i] for i in pick], sample, registry.Problems(offered, encode, score))
         t_roll = time.perf_counter() - t0
+        prefill = {k: v - prefill_before[k] for k, v in prefill_counts(engine).items()}
         # an empty group is a prompt the method chose not to train on
         pick, groups = [i for i, g in zip(pick, groups) if g], [g for g in groups if g]
         flat = [t for g in groups for t in g]
@@ -475,6 +477,7 @@ def rl_train(
             "rollout_seconds": t_roll,
             "wall_seconds": wall,
             **{f"n_{k}": sum(t.kind == k for t in flat) for k in sorted({"parent", "branch", "fill"} | {t.kind for t in flat})},
+            **prefill,  # vLLM: the step's prompt tokens and those its prefix cache served (branch prefixes)
             **registry.step_stats(method),
             **step_search_stats(tools),  # searches, shared-cache hits and misses of this step
             **stats,
@@ -500,6 +503,12 @@ def rollout_engine(model, tokenizer, cfg: RLConfig, dtype: torch.dtype, **entrop
 
     return VLLMEngine(model.name_or_path, tokenizer, **entropy_k, temperature=cfg.temperature, seed=cfg.seed,
                       gpu_memory_utilization=cfg.vllm_gpu_memory, llm_kwargs={"dtype": str(dtype).removeprefix("torch.")})
+
+
+def prefill_counts(engine) -> dict[str, int]:
+    """The engine's running prefill counts (``VLLMEngine.prefill_counts``); none for the HF
+    engine, whose prefix reuse is its own KV copies."""
+    return engine.prefill_counts() if hasattr(engine, "prefill_counts") else {}
 
 
 def push_weights(engine, model) -> None:
