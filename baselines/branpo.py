@@ -27,9 +27,14 @@ problem (BASELINES.md section 13), one attempt per searching rollout per phase o
 problem's next phase joins the running batch once its own attempts are done), given in the
 table's row order when slots run short; the remaining slots are fresh rollouts (kind "fill")
 that train as base rollouts without a branch. The realised split is on the rollouts' ``kind``.
-Not used: the segment-level variant, the rejection of all-correct/all-wrong groups, truncated-
-sample masking and rollout importance sampling. Contrast needs rewards during collection: ``collect``
-takes the trainer's ``Problems`` and scores each problem's rollouts as they come.
+- as the paper's search script (``start_branpo_trainer.sh``): a problem whose rollouts all earn
+  R <= 0 or all R >= 1 trains on none of them (``rllm.rejection_sample``: no contrast to learn
+  from), a truncated rollout (finish "length") has no loss (``mask_truncated_samples``), and the
+  PPO clip is 0.2 / 0.28 (``clip_ratio_high``) with verl's token-mean loss.
+Not used: the segment-level variant and rollout importance sampling (the script's bypass-mode
+token IS at 2.0 corrects a vLLM/FSDP mismatch; the local trainer scores pi_old itself). Contrast
+needs rewards during collection: ``collect`` takes the trainer's ``Problems`` and scores each
+problem's rollouts as they come.
 """
 from __future__ import annotations
 
@@ -54,7 +59,11 @@ class BranPOConfig(ObjectiveConfig):
     base_rollouts: int | None = None  # n; None: half the budget (the paper's script: 4)
     correct: float = 0.8  # reward at which a rollout counts as correct
     redundant_step_masking: bool = True
+    reject_uniform_groups: bool = True  # rllm.rejection_sample: all R <= 0 or all R >= 1 trains nothing
+    mask_truncated: bool = True  # mask_truncated_samples: a "length" rollout has no loss
     eps: float = 1e-6
+    loss_agg_mode: str = "token-mean"  # the script's
+    clip_high: float | None = 0.28  # the script's clip_ratio_high
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -148,10 +157,15 @@ def branpo_credit(group: Sequence[Trajectory], cfg: BranPOConfig) -> list[TokenC
     a_pre = dict(zip(prefixes, grpo_advantages(np.array(r_base), cfg.eps)))
     a_br = dict(zip(tails, grpo_advantages(np.array([group[k].reward for k in tails], dtype=np.float64), cfg.eps)))
 
+    rewards = np.array([t.reward for t in group], dtype=np.float64)
+    uniform = cfg.reject_uniform_groups and (np.all(rewards <= 0) or np.all(rewards >= 1))
     out = []
     for k, t in enumerate(group):
         adv = np.zeros(t.n_model_tokens)
         mask = np.zeros(t.n_model_tokens, dtype=np.int8)
+        if uniform or (cfg.mask_truncated and t.finish == "length"):
+            out.append((adv, mask))
+            continue
         if k in a_br:
             b = cuts[k] if k in cuts else t.at
             adv[b:] = a_br[k]

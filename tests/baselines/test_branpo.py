@@ -139,3 +139,21 @@ def test_short_slots_go_to_the_table_rows_first(fake_agent):
 def test_collect_needs_the_in_loop_scorer(fake_agent):
     with pytest.raises(TypeError):
         BranPO(vocab_size=100).collect([[1]], fake_agent(unique_ids=True))
+
+
+def test_the_scripts_rejection_truncation_masking_and_clip_high(trajectory):
+    # Issue 24.6: the paper's search script rejects all-0 / all-1 groups (rllm.rejection_sample),
+    # masks truncated samples (mask_truncated_samples) and clips at 0.2 / 0.28.
+    solved = [trajectory([2, OBS, 2], 1.0, kind="parent") for _ in range(4)]
+    failed = [trajectory([2, OBS, 2], 0.0, kind="parent") for _ in range(4)]
+    method = BranPO(vocab_size=100, base_rollouts=4, budget=4)
+    for group in (solved, failed):
+        assert not any(m.any() for _, m in method.credit([group])[0])
+    mixed = [trajectory([2, OBS, 2], r, kind="parent") for r in (1.0, 0.0, 0.0)]
+    mixed.append(trajectory([2, OBS, 2], 1.0, kind="parent", finish="length"))
+    credit = method.credit([mixed])[0]
+    assert [bool(m.any()) for _, m in credit] == [True, True, True, False]
+    assert BranPO(vocab_size=100, base_rollouts=4, budget=4, mask_truncated=False).credit([mixed])[0][3][1].all()
+    assert BranPO(vocab_size=100, base_rollouts=4, budget=4, reject_uniform_groups=False).credit([solved])[0][0][1].all()
+    objective = method.cfg.objective()
+    assert (objective.clip_eps, objective.clip_high, objective.loss_agg_mode) == (0.2, 0.28, "token-mean")

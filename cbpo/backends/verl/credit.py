@@ -22,7 +22,8 @@ import torch
 from cbpo.backends.verl.config import DISTILLED
 from cbpo.trajectory import Trajectory
 
-FIELDS = ("cbpo_index", "cbpo_kind", "cbpo_parent", "cbpo_at", "cbpo_entropies", "cbpo_hinted_prompt", "cbpo_leaked")
+FIELDS = ("cbpo_index", "cbpo_kind", "cbpo_parent", "cbpo_at", "cbpo_entropies", "cbpo_finish", "cbpo_hinted_prompt",
+          "cbpo_leaked")
 # Methods whose privileged rollouts verl's actor rescores in their hinted context before credit
 # (SuiteTrainer.suite_credit): their setup's model work is verl's.
 OFF_CONTEXT = frozenset({"oc_grpo"})
@@ -31,10 +32,10 @@ OFF_CONTEXT = frozenset({"oc_grpo"})
 def rollout_fields(t: Trajectory, index: int, hinted_prompt: Sequence[int] = (), leaked: bool = False) -> dict:
     """What one rollout's ``AgentLoopOutput.extra_fields`` carries for credit: its index in
     the problem's group, kind, parent and branch point, per-token entropies (EAPO, AEPO
-    weight tokens by them) and, for OC-GRPO's privileged rollouts, the hinted prompt (x, p)
+    weight tokens by them), how it ended (BranPO masks truncated rollouts) and, for OC-GRPO's privileged rollouts, the hinted prompt (x, p)
     it was sampled from and whether it leaked the hint."""
     return {"cbpo_index": index, "cbpo_kind": t.kind, "cbpo_parent": -1 if t.parent is None else t.parent,
-            "cbpo_at": -1 if t.at is None else t.at, "cbpo_entropies": list(t.entropies),
+            "cbpo_at": -1 if t.at is None else t.at, "cbpo_entropies": list(t.entropies), "cbpo_finish": t.finish,
             "cbpo_hinted_prompt": list(hinted_prompt), "cbpo_leaked": bool(leaked)}
 
 
@@ -85,6 +86,7 @@ def _trajectory(mask: np.ndarray, reward: float, nt, row: int) -> Trajectory:
         prompt_ids=[], response_ids=[0] * length, model_mask=mask[:length].tolist(),
         entropies=list(nt["cbpo_entropies"][row])[:length], kind=str(nt["cbpo_kind"][row]),
         parent=None if parent < 0 else parent, at=None if at < 0 else at, reward=float(reward),
+        finish=str(nt["cbpo_finish"][row]),
     )
 
 

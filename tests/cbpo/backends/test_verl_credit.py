@@ -128,3 +128,17 @@ def test_the_credit_step_on_an_opd_batch_leaves_the_advantage_to_verl(monkeypatc
     assert torch.equal(batch.batch["response_mask"], model_mask)  # every model token, no observation token
     assert not batch.batch["advantages"].any() and batch.batch["advantages"].shape == model_mask.shape
     assert torch.equal(batch.batch["returns"], batch.batch["advantages"])
+
+
+def test_branpos_truncated_rollouts_are_masked_on_the_verl_path_too(cbpo_groups):
+    # Issue 24.6: BranPO masks a truncated rollout; the verl batch carries how each one ended.
+    groups = [[t for t in g if t.kind != "branch"] for g in cbpo_groups]
+    groups[0][1].finish = "length"
+    flat = [t for g in groups for t in g]
+    method = get_method("branpo")(vocab_size=64, base_rollouts=3, budget=4)
+    local = rollout_tensors(flat, [c for g in method.credit(groups) for c in g], pad_id=0)
+    batch = verl_batch(groups, local["advantages"].shape[1], np.arange(len(flat)))
+    credit.assign(batch, method)
+    r = local["advantages"].shape[1]
+    assert torch.equal(batch.batch["response_mask"][:, :r].float(), local["loss_mask"])
+    assert not local["loss_mask"][1].any() and local["loss_mask"][0].any()
