@@ -1,3 +1,12 @@
+import shutil
+
+# The SLURM plugin reads job states with the `sacct` on this process's PATH: slurm/bin's
+# hands them over as the plugin compares them (a cancelled or preempted job seen as ended;
+# see there). Only beside a real sacct: alone, the plugin would take it for one.
+if shutil.which("sacct") and f"{ROOT}/slurm/bin" not in os.environ["PATH"].split(os.pathsep):
+    os.environ["PATH"] = os.pathsep.join([f"{ROOT}/slurm/bin", os.environ["PATH"]])
+
+
 rule sft:
     input:
         "models/{model}/cbpo_model.json",
@@ -26,14 +35,32 @@ rule teacher:  # OPD's teacher where the preset names none: the SFT recipe run l
     shell: command("cbpo.train stage=sft {params.init:q} {params.steps:q}", JOB)
 
 
+def rl_nodes():
+    """The nodes of an rl job: on verl `verl_nodes` (workflow/config.yaml), else the Hydra
+    config's verl.nodes; the trainer gets the same number."""
+    if config["backend"] != "verl":
+        return 1
+    return config["verl_nodes"] or composed().verl.nodes
+
+
 def rl_gpus(wildcards):
-    """An rl job's GPUs: OPD on verl also holds its teacher's own (verl.teacher_gpus, configs/config.yaml)."""
+    """An rl job's GPUs: resources.rl's on each node; OPD on verl also holds its teacher's own
+    (verl.teacher_gpus, configs/config.yaml)."""
     from cbpo.backends.verl.config import DISTILLED
 
-    gpus = resources("rl").get("gpu", 0)
+    gpus = resources("rl").get("gpu", 0) * rl_nodes()
     if config["backend"] == "verl" and method_of(wildcards.trained) in DISTILLED:
         gpus += composed().verl.teacher_gpus
     return gpus
+
+
+def rl_resources():
+    """resources.rl, on several nodes one SLURM allocation (--nodes=N) with one task per node,
+    verl's Ray-on-SLURM recipe. `mpi` makes the job-step plugin run the shell in the batch
+    script instead of a one-node srun, so slurm/ray-on-slurm.sh reaches every node."""
+    nodes = rl_nodes()
+    multi = {"nodes": nodes, "tasks": nodes, "mpi": "srun"} if nodes > 1 else {}
+    return {**resources("rl"), **multi, "gpu": rl_gpus}
 
 
 rule rl:
@@ -47,12 +74,14 @@ rule rl:
     log: f"logs/{KEY}/{{trained}}.log"
     benchmark: f"results/benchmarks/{KEY}/rl_{{trained}}.tsv"
     threads: 1
-    resources: **{**resources("rl"), "gpu": rl_gpus}
+    resources: **rl_resources()
     # H's GPU backends: backend=verl reaches the job; the default (local) adds nothing.
     # A variant names its run folder (variant=) and carries its overrides.
     params:
         data_root=DATA_ROOT,
-        backend=[] if config["backend"] == "local" else [f"backend={config['backend']}"],
+        backend=[] if config["backend"] == "local" else [f"backend={config['backend']}", f"verl.nodes={rl_nodes()}"],
+        # verl trains on a Ray cluster: started across the job's allocation under SLURM
+        launch=[] if config["backend"] == "local" else [f"{ROOT}/slurm/ray-on-slurm.sh"],
         method=lambda w: method_of(w.trained),
         variant=lambda w: [f"variant={w.trained}", *overrides_of(w.trained)] if w.trained in VARIANTS else [],
         # the teacher path is a method.* override: variant= keeps it from renaming the run
@@ -60,4 +89,4 @@ rule rl:
         if teacher_of(w) and w.trained not in VARIANTS else [f"method.teacher={t}" for t in teacher_of(w)],
     # Rollout dumps (every rl.dump_every steps and the last) feed Figs. 2 and 5 and the credit
     # lab; bookkeeping, the weights do not depend on them.
-    shell: command("cbpo.train stage=rl method={params.method:q}", JOB, "{params.variant:q} {params.teacher:q} {params.backend:q} rl.dump_rollouts=true")
+    shell: command("cbpo.train stage=rl method={params.method:q}", JOB, "{params.variant:q} {params.teacher:q} {params.backend:q} rl.dump_rollouts=true").replace("{PYTHON:q}", "{params.launch:q} {PYTHON:q}", 1)

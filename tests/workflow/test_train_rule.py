@@ -1,0 +1,63 @@
+"""The rl rule's SLURM submission on verl (workflow/rules/train.smk): N nodes are one
+allocation, one task per node, whose shell starts Ray across it (slurm/ray-on-slurm.sh)
+before the trainer. sbatch is a stub that records its arguments and refuses."""
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SNAKEMAKE = Path(sys.executable).with_name("snakemake")
+KEY = "runs/smoke/tiny/mix/seed0"
+STUBS = {
+    "sbatch": 'printf "%s\\n" "$*" >> "$SBATCH_LOG"; echo "stub: not submitting" >&2; exit 1',
+    "sacctmgr": "echo acct",
+    "sacct": "exit 0",
+    "squeue": "exit 0",
+    "sinfo": "exit 0",
+}
+
+
+def submit(tmp_path, *config) -> tuple[list[str], str]:
+    """The sbatch arguments of CBPO's rl job, and the shell command its job would run."""
+    bin_dir = tmp_path / "stub bin"
+    bin_dir.mkdir()
+    for name, body in STUBS.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SBATCH_LOG": str(tmp_path / "sbatch.log"),
+           "OMP_NUM_THREADS": "1"}
+    work = tmp_path / "work"
+    made = [*(f"data/tasks/{t}/{s}.jsonl" for t in ("arith", "twohop") for s in ("train", "test")),
+            "models/tiny/cbpo_model.json", f"{KEY}/sft/final/DONE.json"]
+    for i, path in enumerate(made):  # each newer than what it was made from
+        (work / path).parent.mkdir(parents=True, exist_ok=True)
+        (work / path).touch()
+        os.utime(work / path, (time.time() + i, time.time() + i))
+    cmd = [str(SNAKEMAKE), f"{KEY}/cbpo/final/DONE.json", "--profile", "slurm", "-d", str(work), "--retries", "0",
+           "-p", "--slurm-init-seconds-before-status-checks", "1", "--config", "preset=smoke", *config,
+           "--default-resources", "slurm_account=acct"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    (line,) = (tmp_path / "sbatch.log").read_text().splitlines() or [out.stderr[-4000:]]
+    shell = next((line for line in (out.stdout + out.stderr).splitlines() if "-m cbpo.train" in line), out.stderr[-4000:])
+    return shlex.split(line.split(" --wrap=", 1)[0]), shell
+
+
+def test_verl_on_two_nodes_is_one_allocation_starting_ray_then_the_trainer(tmp_path):
+    args, shell = submit(tmp_path, "backend=verl", "verl_nodes=2")
+    # verl's recipe: N nodes, one task each; resources.rl's 8 GPUs on every node.
+    assert {"--nodes=2", "--ntasks=2", "--gpus=16", "--cpus-per-gpu=8"} <= set(args), args
+    assert "--ntasks-per-gpu" not in " ".join(args)
+    words = shlex.split(shell)
+    launcher = words.index(str(ROOT / "slurm" / "ray-on-slurm.sh"))
+    assert Path(words[launcher + 1]).resolve() == Path(sys.executable).resolve() and words[launcher + 2:launcher + 4] == ["-m", "cbpo.train"], words
+    assert {"backend=verl", "verl.nodes=2"} <= set(words[launcher:]), words
+
+
+def test_verl_on_one_node_starts_ray_in_its_one_node_job(tmp_path):
+    args, shell = submit(tmp_path, "backend=verl")
+    assert "--gpus=8" in args and not any(a.startswith(("--nodes", "--ntasks=")) for a in args), args
+    words = shlex.split(shell)
+    assert str(ROOT / "slurm" / "ray-on-slurm.sh") in words and "verl.nodes=1" in words, words
