@@ -50,8 +50,13 @@ class Item:
     repo: str  # hub id
     repo_type: str  # dataset | model
     target: Path  # the file the DAG waits for
-    local: Path  # what is downloaded (a file or a folder); present means "use it as it is"
+    local: Path  # what is downloaded: a file, or a model folder (with its config.json)
     manual: str  # how to provide it by hand
+
+    def has_local_copy(self) -> bool:
+        """The download is there (put in place by hand, or by an earlier attempt): use it as it is.
+        An empty folder is not one (Snakemake makes its outputs' folders before the job runs)."""
+        return self.local.is_file() or (self.local / "config.json").is_file()
 
 
 def data_config(name: str) -> dict:
@@ -176,7 +181,7 @@ def fetch(items: Iterable[Item]) -> list[Item]:
     """Fetch every item whose target is missing; returns those fetched. Nothing is downloaded
     unless the hub answers for every item that has no local copy."""
     todo = missing(items)
-    to_download = [i for i in todo if not i.local.exists()]
+    to_download = [i for i in todo if not i.has_local_copy()]
     revisions, unreachable = {}, []
     for item in to_download:
         try:
@@ -185,7 +190,7 @@ def fetch(items: Iterable[Item]) -> list[Item]:
             unreachable.append(f"- {item.name} ({item.repo}) -> {item.target}\n    {type(err).__name__}: "
                                f"{str(err).splitlines()[0] if str(err) else ''}\n    by hand: {item.manual}")
     if unreachable:
-        others = [f"- {i.name} -> {i.target} (a local copy is there: it will be used)" for i in todo if i.local.exists()]
+        others = [f"- {i.name} -> {i.target} (a local copy is there: it will be used)" for i in todo if i.has_local_copy()]
         raise FetchError(f"{len(unreachable)} input(s) of the study cannot be fetched from the hub "
                          f"({os.environ.get('HF_ENDPOINT', 'https://huggingface.co')}); nothing was downloaded:\n"
                          + "\n".join(unreachable + others)
@@ -201,7 +206,7 @@ def _fetch_sft(item: Item, revision: str | None) -> None:
     from cbpo.toolstar import convert_file
 
     folder = item.local.parent
-    if not item.local.exists():
+    if not item.has_local_copy():
         # hf_hub_download resumes a partial file kept in <local_dir>/.cache across attempts
         hf_hub_download(item.repo, item.local.name, repo_type="dataset", revision=revision, local_dir=folder)
     _record(folder, item, revision, [item.local])
@@ -229,10 +234,12 @@ def _fetch_model(item: Item, revision: str | None) -> None:
     from cbpo.models import MODEL_CARD, model_spec
 
     folder = item.local
-    if not folder.exists():
+    if not item.has_local_copy():
         # a partial folder survives a failed attempt, and snapshot_download resumes into it
         partial = folder.with_name(f".{folder.name}.partial")
         snapshot_download(item.repo, repo_type="model", revision=revision, local_dir=partial, allow_patterns=MODEL_FILES)
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
         os.replace(partial, folder)
     if not (folder / "config.json").is_file():
         raise FetchError(f"{folder} holds no config.json: not a model folder ({item.manual})")

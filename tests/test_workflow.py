@@ -228,7 +228,8 @@ def test_paper_study_plans_every_row_on_its_domain(tmp_path, model, data, benchm
     assert out.returncode == 0, out.stderr[-4000:]
     text = out.stdout + out.stderr
     # One policy per domain: 11 trained methods, 14 rows (with Base, TIR, SFT) x 5 benchmarks.
-    assert job_counts(text) == {"data": 1, "model": 1, "sft": 1, "rl": 11, "evaluate": 70, "table1": 1, "total": 85}
+    # The backbone and OPD's teacher come from the hub: one fetch job (tests/workflow/test_paper_inputs.py).
+    assert job_counts(text) == {"data": 1, "fetch": 1, "sft": 1, "rl": 11, "evaluate": 70, "table1": 1, "total": 85}
     key = f"paper/{model}/{data}/seed0"
     for method in TRAINING:
         assert f"runs/{key}/{method}/final/DONE.json" in text

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from snakemake.utils import validate
 
 from cbpo.data import data_files, shared_data_dir
+from cbpo.models import MODELS
 from cbpo.registry import get_method, known_methods
 from cbpo.schema import register
 from cbpo.tasks import TASKS, get_task
@@ -142,12 +143,17 @@ def preset_sft_steps():
 
 
 TEACHER = config["opd_teacher"].get(PRESET)  # None: the DAG trains the tiny teacher
+# A teacher named as a model of cbpo.models is fetched into models/ like the backbone (prepare.smk).
+TEACHER_MODEL = TEACHER if TEACHER in MODELS else None
 
 
 def teacher_of(w):
-    """OPD's teacher for a run: the preset's, or the teacher run the DAG trains; none for others."""
+    """OPD's teacher for a run: the preset's (its fetched folder), or the teacher run the DAG
+    trains; none for others."""
     if method_of(w.trained) != "opd":
         return []
+    if TEACHER_MODEL:
+        return [f"models/{TEACHER_MODEL}"]
     return [TEACHER] if TEACHER else [f"runs/{KEY.format(**w)}/teacher/final"]
 
 

@@ -19,3 +19,25 @@ rule model:
     threads: 1
     resources: **resources("model")
     shell: command("cbpo.prepare target=model model={wildcards.model:q}")
+
+
+# The study's hub inputs that are not there yet (cbpo.fetch: Tool-Star's SFT traces, converted;
+# MATH; the backbone; OPD's teacher), fetched by one job on the submitting machine, the only job
+# with the hub allowed (cluster nodes often have no route out). Planned only while something is
+# missing, so `-n` shows the whole study; without the hub it fails at once, its one message
+# listing every missing input and how to provide it by hand.
+from cbpo.fetch import missing, study_items
+
+FETCH_MODELS = [MODEL, *([TEACHER_MODEL] if TEACHER_MODEL and "opd" in METHODS else [])]
+FETCH = missing(study_items(DATA, BENCHMARKS, FETCH_MODELS, Path(DATA_ROOT), Path("models")))
+
+if FETCH:
+    localrules: fetch
+    ruleorder: fetch > model
+
+    rule fetch:
+        output: [str(item.target) for item in FETCH]
+        log: "logs/fetch.log"
+        params: inputs=[item.name for item in FETCH], data_root=DATA_ROOT
+        shell: "OMP_NUM_THREADS=1 HF_HUB_OFFLINE=0 {PYTHON:q} -m cbpo.fetch {params.inputs:q} --data-root {params.data_root:q}"
+               " --models-dir models > {log:q} 2>&1 || (cat {log:q} >&2; exit 1)"

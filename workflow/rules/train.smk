@@ -66,7 +66,8 @@ def rl_resources():
 rule rl:
     input:
         f"runs/{KEY}/sft/final/DONE.json",
-        lambda w: [] if TEACHER or method_of(w.trained) != "opd" else f"runs/{KEY.format(**w)}/teacher/final/DONE.json",
+        lambda w: [] if method_of(w.trained) != "opd" else f"models/{TEACHER_MODEL}/cbpo_model.json" if TEACHER_MODEL
+        else [] if TEACHER else f"runs/{KEY.format(**w)}/teacher/final/DONE.json",
         lambda w: f"{ROOT}/configs/method/{method_of(w.trained)}.yaml",
         hydra_configs,
         training_files("train"),

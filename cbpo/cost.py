@@ -1,0 +1,70 @@
+"""The cost of a planned study before it is launched: GPU-hours by stage.
+
+Two numbers per stage, both from what the DAG would submit: the limit (each job's GPUs times
+its ``runtime`` resource, what the cluster reserves at most) and an estimate (its GPUs times its
+steps times a per-step cost). A per-step cost is a measurement only where one was made on a
+GPU; until then the table says it is assumed.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+
+PIPELINE = ("sft", "teacher", "rl", "evaluate", "evaluate_passk")  # the order rows are printed in
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    stage: str  # the rule
+    gpus: int
+    runtime_minutes: float  # the job's time limit
+
+
+def gpu_hours(jobs: Iterable[PlannedJob], steps: Mapping[str, int], seconds_per_step: Mapping[str, float]) -> list[dict]:
+    """One row per stage that holds GPUs: ``stage``, ``jobs``, ``gpus`` (the per-job counts),
+    ``limit`` and ``estimate`` GPU-hours, and the ``seconds`` and ``steps`` behind the estimate
+    (a stage without a per-step cost has ``estimate`` None). ``steps[stage]`` is a job's step
+    count; a stage not in it costs ``seconds_per_step[stage]`` per job."""
+    by_stage: dict[str, list[PlannedJob]] = defaultdict(list)
+    for job in jobs:
+        if job.gpus > 0:
+            by_stage[job.stage].append(job)
+    rows = []
+    for stage, group in by_stage.items():
+        seconds = seconds_per_step.get(stage)
+        n_steps = steps.get(stage, 1)
+        rows.append({
+            "stage": stage,
+            "jobs": len(group),
+            "gpus": sorted({j.gpus for j in group}),
+            "limit": sum(j.gpus * j.runtime_minutes / 60 for j in group),
+            "estimate": None if seconds is None else sum(j.gpus * n_steps * seconds / 3600 for j in group),
+            "seconds": seconds,
+            "steps": n_steps if stage in steps else None,
+        })
+    return sorted(rows, key=lambda r: (PIPELINE.index(r["stage"]) if r["stage"] in PIPELINE else len(PIPELINE), r["stage"]))
+
+
+def format_table(rows: list[dict], study: str, assumed: bool) -> str:
+    """The rows as the text a dry run prints."""
+    if not rows:
+        return ""
+    basis = "assumed, not measured on a GPU" if assumed else "measured"
+    lines = [f"GPU-hours of this plan ({study}), by stage: limit = GPUs x runtime resource; "
+             f"estimate = GPUs x steps x per-step cost ({basis})",
+             f"{'stage':<16}{'jobs':>5}{'GPUs/job':>10}{'limit GPU-h':>13}{'estimate GPU-h':>16}  per-step cost"]
+    for r in rows:
+        gpus = f"{r['gpus'][0]}-{r['gpus'][-1]}" if len(r["gpus"]) > 1 else str(r["gpus"][0])
+        if r["seconds"] is None:
+            estimate, cost = "-", "none given"
+        else:
+            estimate = f"{r['estimate']:.1f}"
+            cost = (f"{r['seconds']:g} s/step x {r['steps']} steps" if r["steps"] is not None else f"{r['seconds']:g} s/job")
+            cost += f" ({'assumed' if assumed else 'measured'})"
+        lines.append(f"{r['stage']:<16}{r['jobs']:>5}{gpus:>10}{r['limit']:>13.1f}{estimate:>16}  {cost}")
+    known = [r["estimate"] for r in rows if r["estimate"] is not None]
+    total = f"{sum(known):.1f}" + ("" if len(known) == len(rows) else "+")
+    lines.append(f"{'total':<16}{sum(r['jobs'] for r in rows):>5}{'':>10}{sum(r['limit'] for r in rows):>13.1f}{total:>16}")
+    return "\n".join(lines)

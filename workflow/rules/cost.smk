@@ -1,0 +1,31 @@
+# `snakemake -n` ends with the plan's GPU-hours by stage (cbpo.cost): the jobs it would run,
+# each one's GPUs and runtime from its resources, its steps from the composed preset, and
+# the per-step costs of step_cost (workflow/config.yaml). Snakemake runs no hook on a dry run,
+# so the table is printed as the process exits, from the DAG it planned.
+import atexit
+
+from cbpo.cost import PlannedJob, format_table, gpu_hours
+
+
+def step_cost():
+    costs = config["step_cost"]
+    return costs["assumed"], {**costs["default"], **costs.get(MODEL, {})}
+
+
+def print_cost():
+    if not (workflow.dryrun and workflow.is_main_process) or getattr(workflow, "dag", None) is None:
+        return
+    dag = workflow.dag
+    jobs = []
+    for job in {*dag.needrun_jobs(), *dag.finished_jobs}:
+        res = dict(job.resources)
+        jobs.append(PlannedJob(job.rule.name, int(res.get("gpu", 0) or 0), float(res.get("runtime", 0) or 0)))
+    if not any(j.gpus for j in jobs):
+        return
+    cfg = composed()
+    steps = {"sft": cfg.sft.steps, "teacher": cfg.sft.steps * config["teacher_sft_factor"], "rl": cfg.rl.steps}
+    assumed, seconds = step_cost()
+    print(format_table(gpu_hours(jobs, steps, seconds), STUDY, assumed), flush=True)
+
+
+atexit.register(print_cost)
