@@ -1,0 +1,61 @@
+"""What is reproducible (issue 24.8): on one machine, the same seed gives bitwise-equal weights;
+across machines, the CPU kernels torch picks for the host's instruction set (AVX-512, AVX2)
+change the bits, so numbers agree across hosts only with that choice pinned
+(``ATEN_CPU_CAPABILITY``, read once at start)."""
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SFT = """
+import hashlib, sys, tempfile
+from pathlib import Path
+import torch
+torch.set_num_threads(int(sys.argv[1]))
+from cbpo.models import build_scratch_model, model_spec, train_tokenizer
+from cbpo.trainer import MetricsLog, SFTConfig, sft
+
+rows = [{"question": f"What is {a} plus {b}?",
+         "trace": f"<python>print({a} + {b})</python><result>\\n{a + b}\\n</result><answer>\\\\boxed{{{a + b}}}</answer>"}
+        for a in range(8) for b in range(4)]
+tok = train_tokenizer([r["question"] + r["trace"] for r in rows], 300)
+model = build_scratch_model(model_spec("tiny"), tok, seed=0)
+with tempfile.TemporaryDirectory() as d:
+    sft(model, tok, rows, SFTConfig(steps=5, batch_size=8, lr=6e-3, micro_batches=2, checkpoint_every=100),
+        Path(d), MetricsLog(Path(d) / "metrics.jsonl"), system_prompt=None)
+digest = hashlib.sha256()
+for _, tensor in sorted(model.state_dict().items()):
+    digest.update(tensor.contiguous().numpy().tobytes())
+print(torch.backends.cpu.get_cpu_capability(), digest.hexdigest())
+"""
+
+
+@functools.cache
+def native(threads: int) -> tuple[str, str]:
+    return sft_weights(threads)
+
+
+def sft_weights(threads: int, **env) -> tuple[str, str]:
+    """(the CPU capability torch ran with, sha256 of the tiny model's weights after 5 SFT steps)."""
+    out = subprocess.run([sys.executable, "-c", SFT, str(threads)], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": str(threads), **env}, cwd=Path(__file__).parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
+    capability, digest = out.stdout.split()[-2:]
+    return capability, digest
+
+
+def test_the_same_seed_on_the_same_machine_gives_bitwise_equal_weights_with_either_thread_count():
+    assert sft_weights(1) == native(1)
+    assert native(2) == native(1)  # measured on the tiny model: its kernels split no reduction over threads
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512", reason="the host has no AVX-512 kernels to compare")
+def test_the_hosts_instruction_set_changes_the_bits_unless_pinned():
+    avx2 = sft_weights(1, ATEN_CPU_CAPABILITY="avx2")
+    assert native(1)[0] == "AVX512" and avx2[0] == "AVX2"
+    assert native(1)[1] != avx2[1]  # why two machines of one kind can disagree
+    assert sft_weights(1, ATEN_CPU_CAPABILITY="avx2") == avx2  # pinned, it is reproducible again
