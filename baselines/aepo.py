@@ -4,8 +4,8 @@ budget between global chains and branches, and a branch penalty stops one path f
 consecutive high-entropy tool steps. Update: gradients of clipped high-entropy tokens are kept, and
 an entropy-aware advantage up-weights uncertain tokens.
 
-[PARTIAL] The paper is known here only through summaries (BASELINES.md section 10); the official
-code of 2025-09 predates AEPO. Implemented:
+[PARTIAL] BASELINES.md section 10, and AEPO's public code (RUC-NLPIR/ARPO ``AEPO/verl_aepo_entropy``,
+its ``compute_policy_loss_entropy_balanced_clipping``, read through a fork). Implemented:
 - pre-monitoring (the one known equation): m = k sigmoid(beta (H_root - mean H_tool)) global
   chains out of k = budget, rounded and clamped to [global_min, global_max]; H_root is the mean
   entropy of the first step and H_tool of the post-tool steps (ARPO's step entropy, see
@@ -17,11 +17,17 @@ code of 2025-09 predates AEPO. Implemented:
   rollouts (kind "fill");
 - [APPROX] entropy-aware advantage: GRPO advantage A_i (soft attribution as ARPO: every model
   token, a copied prefix included) times clip(1 + alpha_H z, 0.5, 1.5), z the token's entropy
-  standardised over all loss tokens of the batch (polarity-independent, unlike EAPO).
-Not implemented: the entropy clipping-balanced update (gradient-preserving clipping of tokens
-above the batch's 80th entropy percentile) needs token entropies inside the policy loss, which the
-trainer's loss does not receive; the loss is verl's PPO clip with the stand-in's asymmetric bounds
-0.2 / 0.28.
+  standardised over all loss tokens of the batch (polarity-independent, unlike EAPO). AEPO's code
+  takes 1 + 0.2 z unclipped, z over each micro-batch's tokens from the actor's full-vocabulary
+  entropy; here the engine's top-K entropy over the step's batch;
+- entropy clipping-balanced update (``ENTROPY_BALANCED_CLIP``, a verl policy loss registered
+  here): PPO's upper clip keeps its value but not its stop-gradient, r sg((1 + eps_high) / r) in
+  place of 1 + eps_high, so a token whose ratio passed the bound (typically a high-entropy one)
+  still passes gradient (1 + eps_high) A grad log pi; the lower clip and dual-clip are vanilla's.
+  As in AEPO's code the bound applies to every token, not only to high-entropy ones.
+  Clip bounds 0.2 / 0.28 [APPROX]: AEPO's script values were not read.
+On verl the loss must be registered in verl's worker processes: ``VERL_USE_EXTERNAL_MODULES=
+baselines.aepo`` (verl imports it at ``import verl``) or the package's ``verl.plugins`` entry point.
 """
 from __future__ import annotations
 
@@ -29,6 +35,9 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+import torch
+from verl.trainer.ppo import core_algos
+from verl.utils import torch_functional as verl_F
 
 from baselines._tree import fill_to_budget, fresh, step_starts
 from baselines.arpo import check_branching, entropy_branching, step_entropy
@@ -39,8 +48,40 @@ from cbpo.rollout.agent import Job, run_jobs
 from cbpo.trajectory import Trajectory
 
 
+ENTROPY_BALANCED_CLIP = "aepo_entropy_balanced_clip"  # the verl policy-loss name
+
+
+@core_algos.register_policy_loss(ENTROPY_BALANCED_CLIP)
+def entropy_balanced_clip_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                               response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", config=None,
+                               rollout_is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """verl's vanilla PPO loss (same value, dual-clip included) with a gradient-preserving upper
+    clip: above 1 + eps_high the ratio becomes r * sg((1 + eps_high) / r)."""
+    eps = config.clip_ratio
+    low = eps if config.clip_ratio_low is None else config.clip_ratio_low
+    high = eps if config.clip_ratio_high is None else config.clip_ratio_high
+    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # as vanilla
+    ratio = torch.exp(log_ratio)
+    bounded = torch.where(ratio > 1 + high, ratio * ((1 + high) / ratio).detach(), torch.clamp(ratio, min=1 - low))
+    unclipped, clipped = -advantages * ratio, -advantages * bounded
+    surrogate = torch.maximum(unclipped, clipped)
+    dual = torch.minimum(surrogate, -advantages * config.clip_ratio_c)
+    losses = torch.where(advantages < 0, dual, surrogate)
+    if rollout_is_weights is not None:
+        losses = losses * rollout_is_weights
+    loss = core_algos.agg_loss(loss_mat=losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode,
+                               **config.global_batch_info)
+    metrics = {
+        "actor/pg_clipfrac": verl_F.masked_mean((clipped > unclipped).float(), response_mask).item(),
+        "actor/ppo_kl": verl_F.masked_mean(-log_ratio, response_mask).item(),
+        "actor/pg_clipfrac_lower": verl_F.masked_mean(((surrogate > dual) & (advantages < 0)).float(), response_mask).item(),
+    }
+    return loss, metrics
+
+
 @dataclass(frozen=True)
 class AEPOConfig(ObjectiveConfig):
+    policy_loss: str = ENTROPY_BALANCED_CLIP  # the entropy clipping-balanced update
     clip_low: float | None = 0.2  # [APPROX] the stand-in's clipping bounds
     clip_high: float | None = 0.28
     budget: int = 16  # k
@@ -98,7 +139,8 @@ class AEPO:
     paper = "Dong et al., 2025, Agentic Entropy-Balanced Policy Optimization, arXiv 2510.14545"
     group = "agentic-rl"
     trains = True
-    implemented = "[PARTIAL] entropy pre-monitoring of global vs branch slots, penalised ARPO branching, entropy-aware advantage"
+    implemented = ("[PARTIAL] entropy pre-monitoring of global vs branch slots, penalised ARPO branching, entropy-aware "
+                   "advantage, gradient-preserving upper clip")
     config = AEPOConfig
 
     def __init__(self, vocab_size: int, **overrides: Any):

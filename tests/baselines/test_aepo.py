@@ -93,3 +93,30 @@ def test_credit_scales_grpo_advantages_by_token_entropy(fake_agent):
 def test_objective_defaults_are_the_stand_in_clip_bounds():
     cfg = AEPO(vocab_size=100).cfg.objective()
     assert (cfg.clip_low, cfg.clip_high) == (0.2, 0.28)
+
+
+def test_the_entropy_clipping_balanced_loss_keeps_the_gradient_of_tokens_past_the_upper_clip():
+    # Issue 24.6, AEPO's code: the value is vanilla PPO's (dual-clip included); a token with A > 0
+    # whose ratio passed 1 + 0.28 still passes gradient -(1 + 0.28) A (token-mean over 4 tokens),
+    # where vanilla's clip stops it. The other tokens' gradients are vanilla's.
+    import torch
+
+    from cbpo.objective import ObjectiveConfig, policy_objective
+
+    old = torch.log(torch.tensor([[0.5, 0.5, 0.5, 0.5]], dtype=torch.float64))
+    ratios = torch.tensor([[1.5, 1.1, 0.5, 4.0]], dtype=torch.float64)  # past the upper clip, inside, below, dual
+    adv = torch.tensor([[1.0, 1.0, 1.0, -1.0]], dtype=torch.float64)
+    mask = torch.ones(1, 4, dtype=torch.float64)
+    cfg = AEPO(vocab_size=100).cfg.objective()
+    assert cfg.policy_loss == "aepo_entropy_balanced_clip"
+    out = {}
+    for name, objective in (("aepo", cfg), ("vanilla", ObjectiveConfig(clip_low=0.2, clip_high=0.28, beta=0.0,
+                                                                       loss_agg_mode=cfg.loss_agg_mode))):
+        logp = (old + torch.log(ratios)).requires_grad_()
+        loss, metrics = policy_objective(logp, old, adv, mask, objective=objective)
+        (grad,) = torch.autograd.grad(loss, logp)
+        out[name] = loss.item(), grad[0], metrics
+    assert out["aepo"][0] == pytest.approx(out["vanilla"][0], rel=1e-12)
+    assert out["vanilla"][1][0] == 0.0 and out["aepo"][1][0].item() == pytest.approx(-1.28 / 4)
+    torch.testing.assert_close(out["aepo"][1][1:], out["vanilla"][1][1:])
+    assert out["aepo"][2]["pg_clipfrac"] == out["vanilla"][2]["pg_clipfrac"]

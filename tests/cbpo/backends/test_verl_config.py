@@ -34,7 +34,7 @@ def test_paper_preset_validates_against_verls_schema_for_every_method(tmp_path, 
     assert v.algorithm.adv_estimator == verl_config.VERL_ESTIMATORS.get(method, verl_config.SUITE_CREDIT)
     assert rollout.agent.default_agent_loop == verl_config.AGENT_LOOP
     assert v.data.train_batch_size % rollout.agent.num_workers == 0  # no problem's group is split over workers
-    assert actor.policy_loss.loss_mode == ("gspo" if method == "gspo" else "vanilla")
+    assert actor.policy_loss.loss_mode == {"gspo": "gspo", "aepo": "aepo_entropy_balanced_clip"}.get(method, "vanilla")
     assert (v.trainer.nnodes, v.trainer.n_gpus_per_node) == (1, 8)
     assert v.distillation.enabled == (method == "opd")  # only OPD's advantage is verl's distillation's
 
@@ -161,7 +161,7 @@ def test_bad_placement_settings_are_named(key, message):
         schema.validate(cfg)
 
 
-@pytest.mark.parametrize("method", ["grpo", "dapo", "gspo", "cbpo", "reinforce_pp"])
+@pytest.mark.parametrize("method", ["grpo", "dapo", "gspo", "cbpo", "reinforce_pp", "aepo"])
 def test_verls_actor_loss_is_the_local_loss_on_one_batch(tmp_path, method):
     # Issue 24.2: every objective knob means the same on both backends. verl's actor loss
     # (verl/workers/utils/losses.py::ppo_loss: its core_algos policy loss, entropy bonus and KL
@@ -203,3 +203,17 @@ def test_verls_actor_loss_is_the_local_loss_on_one_batch(tmp_path, method):
     (grad_local,) = torch.autograd.grad(local, log_prob, retain_graph=True)
     (grad_remote,) = torch.autograd.grad(remote, log_prob)
     torch.testing.assert_close(grad_local, grad_remote)
+
+
+def test_aepos_loss_is_registered_in_a_process_that_imports_verl_with_the_suites_module():
+    # verl's workers build their policy loss by name: VERL_USE_EXTERNAL_MODULES (read at
+    # `import verl`) registers AEPO's in every process that has it in its environment.
+    import os
+    import subprocess
+    import sys
+
+    code = "import verl; from verl.trainer.ppo.core_algos import get_policy_loss_fn; print(get_policy_loss_fn('aepo_entropy_balanced_clip').__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "VERL_USE_EXTERNAL_MODULES": "baselines.aepo"}, cwd=CONFIGS.parent)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "entropy_balanced_clip_loss"
