@@ -83,8 +83,11 @@ class EvaluationConfig:
     batch_size: int  # problems per generation call
     limit: int | None  # first N problems of a benchmark; None: all
     temperature: float  # 0: greedy
+    engine: str  # hf (transformers on the run's device) | vllm (eval/run.py's make_engine)
 
     def __post_init__(self) -> None:
+        if self.engine not in ("hf", "vllm"):
+            raise ValueError(f"engine must be 'hf' or 'vllm', got {self.engine!r}")
         for name in ("n_samples", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

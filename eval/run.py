@@ -27,14 +27,38 @@ from eval.runner import run_benchmark
 from eval.scoring import make_scorer
 
 
-def make_generate(model, tokenizer, tools, agent_cfg, temperature: float, seed: int, system_prompt: str | None):
+def make_engine(engine: str, checkpoint: Path, device: torch.device, dtype: torch.dtype, temperature: float, seed: int):
+    """``(engine, tokenizer)`` for ``evaluation.engine``: "hf" samples with the checkpoint in
+    transformers on ``device``; "vllm" serves it with vLLM (its CPU build without a GPU), which
+    reads the folder itself, so its tokenizer must already have the suite's tool tags (every
+    checkpoint the suite saves does)."""
+    if engine == "hf":
+        from cbpo.models import load_model
+        from cbpo.rollout.engine import HFEngine
+
+        model, tokenizer = load_model(checkpoint, dtype)  # no training: the weights themselves in bf16
+        model.to(device)
+        return HFEngine(model, tokenizer, temperature=temperature, device=model.device, generator=seed), tokenizer
+    from transformers import AutoTokenizer
+
+    from cbpo.chat import tag_tokens
+    from cbpo.rollout.vllm_engine import VLLMEngine
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    missing = [t for t in tag_tokens() if t not in tokenizer.get_vocab()]
+    if missing or not (checkpoint / "config.json").is_file():
+        raise ValueError(f"evaluation.engine=vllm serves {checkpoint} as it is saved, but "
+                         + (f"its tokenizer lacks the tool tags {missing}" if missing else "it has no config.json")
+                         + ": evaluate a checkpoint the suite saved, or use evaluation.engine=hf")
+    dtype_name = str(dtype).removeprefix("torch.")
+    return VLLMEngine(str(checkpoint), tokenizer, temperature=temperature, seed=seed, llm_kwargs={"dtype": dtype_name}), tokenizer
+
+
+def make_generate(engine, tokenizer, tools, agent_cfg, system_prompt: str | None):
     """The runner's ``generate(rows, n)`` on the rollout engine and agent loop."""
     from cbpo.chat import build_prompt
     from cbpo.rollout.agent import run_agent
-    from cbpo.rollout.engine import HFEngine
     from cbpo.trajectory import Trajectory
-
-    engine = HFEngine(model, tokenizer, temperature=temperature, device=model.device, generator=seed)
 
     def generate(rows, n):
         fresh = [Trajectory(prompt_ids=build_prompt(tokenizer, row["question"], system_prompt)) for row in rows for _ in range(n)]
@@ -128,6 +152,7 @@ Writes <eval_out>/samples.jsonl (resumable), summary.json, identity.json and pro
 Settings people change:
   benchmark=NAME   method=NAME or run_name=NAME   preset=NAME   model=NAME   data=NAME   seed=N
   evaluation.n_samples=N  evaluation.temperature=T  evaluation.limit=N  checkpoint=DIR
+  evaluation.engine=hf|vllm   (vllm: the paper preset's; without a GPU, vLLM's CPU build)
 
 benchmarks: {', '.join(list_benchmarks())}
 methods: {', '.join(known_methods())}
@@ -140,7 +165,7 @@ def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from cbpo.chat import resolve_system_prompt
-    from cbpo.models import load_model, resolve_model
+    from cbpo.models import resolve_model
     from cbpo.tools import build_tools
     from cbpo.trainer import DONE
 
@@ -160,12 +185,12 @@ def main(cfg: DictConfig) -> None:
     bench = cfg.benchmark
     rows = load_benchmark(bench, data_dir=shared_data_dir(cfg.data_root), limit=cfg.evaluation.limit, tasks_dir=cfg.paths.data_dir)
     device = resolve_device(cfg.device)
-    model, tokenizer = load_model(ckpt, resolve_dtype(cfg.dtype, device))  # no training: the weights themselves in bf16
-    model.to(device)
+    engine, tokenizer = make_engine(cfg.evaluation.engine, ckpt, device, resolve_dtype(cfg.dtype, device),
+                                    cfg.evaluation.temperature, cfg.seed)
     # Every task offers both tools (Sec. 5.1); the built-in corpus serves search offline.
     tools = build_tools(["python", "search"], cfg.tools_cfg, search_seed=cfg.data.seed, data_root=cfg.data_root)
     agent_cfg = settings(cfg, "rl").agent
-    generate = make_generate(model, tokenizer, tools, agent_cfg, cfg.evaluation.temperature, cfg.seed, system_prompt)
+    generate = make_generate(engine, tokenizer, tools, agent_cfg, system_prompt)
     scorer = make_scorer(benchmark_config(bench)["metric"], judge_config(cfg), fallback=cfg.judge_fallback)
     try:
         summary = run_benchmark(
