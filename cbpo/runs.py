@@ -1,5 +1,6 @@
-"""What identifies a run's outputs, shared by training and evaluation: checkpoint fingerprints,
-run folder names (variants) and the one-writer lock on an output folder."""
+"""What identifies a run's outputs, shared by training and evaluation and by every backend:
+checkpoint fingerprints, run folder names (variants), a training run's identity and the clean-up
+of a stale one, and the one-writer lock on an output folder."""
 from __future__ import annotations
 
 import fcntl
@@ -7,11 +8,12 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 DONE = "DONE.json"  # written last: a directory without it is not a finished output
 # Neither changes what the checkpoint computes: DONE.json holds the fingerprint itself and
@@ -67,6 +69,55 @@ def name_run(cfg: DictConfig, overrides: Sequence[str]) -> None:
             value = "" if override.is_delete() else override.get_value_element_as_str()
             parts.append(re.sub(r"[^A-Za-z0-9._-]+", "_", key.removeprefix("method.") + value).strip("._-"))
     cfg.run_name = "-".join([cfg.method.name, *sorted(parts)])
+
+
+# The settings a stage's weights depend on; evaluation.*, wandb.*, paths.* and benchmark only
+# say where outputs go or what is measured afterwards. Rollout and scan feed the method.
+# backend and dtype change the arithmetic that produces the weights; the device alone does not.
+WEIGHT_SETTINGS = {
+    "sft": ("model", "data", "sft", "system_prompt", "seed", "backend", "dtype"),
+    "rl": ("model", "data", "method", "rollout", "scan", "rl", "tools_cfg", "system_prompt", "seed", "backend", "dtype"),
+}
+_BOOKKEEPING = ("log_every", "checkpoint_every", "dump_rollouts", "dump_every")  # when to record, not what is learnt
+RUN_KEY = "run_key.json"
+
+
+def run_identity(cfg: DictConfig, rows, init: str | Path) -> dict:
+    """What a run's weights depend on: its stage's settings, its training rows and the
+    fingerprint of the checkpoint it starts from (SFT: the prepared model)."""
+    values = OmegaConf.to_container(cfg, resolve=True)
+    key = {name: values.get(name) for name in WEIGHT_SETTINGS[cfg.stage]}
+    key[cfg.stage] = {k: v for k, v in key[cfg.stage].items() if k not in _BOOKKEEPING}
+    key["stage"] = cfg.stage
+    key["rows"] = hashlib.sha256(json.dumps(list(rows), sort_keys=True).encode()).hexdigest()
+    key["init"] = checkpoint_fingerprint(init)
+    return json.loads(json.dumps(key, sort_keys=True))  # as it reads back from run_key.json
+
+
+def forget_stale_run(out: Path, identity: dict, backend_state: Sequence[str] = ()) -> None:
+    """Resume only a run of the same identity: a run whose weights-relevant settings or
+    starting checkpoint changed starts from scratch instead of picking up checkpoints of the
+    old one (``backend_state``: a backend's own resumable folders in ``out``, e.g. verl's). A
+    finished run of other settings is never overwritten."""
+    from cbpo.data import write_atomically
+
+    key_file = out / RUN_KEY
+    old = json.loads(key_file.read_text()) if key_file.is_file() else None
+    if old == identity:
+        return
+    changed = ", ".join(sorted(k for k in identity if old is None or old.get(k) != identity[k]))
+    if (out / "final" / DONE).is_file():
+        raise RuntimeError(f"{out / 'final'} was trained with other settings ({changed}): name this run "
+                           f"with variant=..., or delete {out} to retrain it")
+    stale = [*out.glob("step_*"), out / "metrics.jsonl", out / "rollouts", out / "wandb", *(out / b for b in backend_state)]
+    if any(p.exists() for p in stale):
+        print(f"{out}: {changed} changed since the last run; starting afresh")
+    for path in stale:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    write_atomically(key_file, json.dumps(identity, indent=1, sort_keys=True) + "\n")
 
 
 class WriterLock:

@@ -1,4 +1,6 @@
-"""Fixtures shared across the test packages."""
+"""Fixtures shared across the test packages, and the engine tier's skip."""
+import importlib.util
+
 import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -17,3 +19,18 @@ def tiny_causal_lm():
         return Qwen3ForCausalLM(cfg)
 
     return make
+
+
+ENGINES = ("vllm", "verl", "ray")
+
+
+def pytest_collection_modifyitems(config, items):
+    """``engines`` tests run the real vLLM, verl and Ray: in .venv-engines (``make test`` runs
+    them there), skipped with one line elsewhere."""
+    lacking = [m for m in ENGINES if importlib.util.find_spec(m) is None]
+    if not lacking:
+        return
+    skip = pytest.mark.skip(reason=f"engine tier: {', '.join(lacking)} not importable here (make engines builds .venv-engines)")
+    for item in items:
+        if "engines" in item.keywords:
+            item.add_marker(skip)

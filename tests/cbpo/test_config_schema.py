@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from cbpo import schema
 from cbpo.objective import ObjectiveConfig
-from cbpo.train import build_method
+from cbpo.registry import build_method
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}

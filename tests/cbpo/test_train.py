@@ -12,7 +12,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from cbpo import schema
-from cbpo.train import _forget_stale_run, run_identity
+from cbpo.runs import forget_stale_run, run_identity
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
@@ -125,17 +125,17 @@ def test_settings_that_do_not_change_weights_keep_the_run(workdir, tmp_path):
     base = _identity([], rows, init)
     out = tmp_path / "run"
     out.mkdir()
-    _forget_stale_run(out, base)
+    forget_stale_run(out, base)
     (out / "step_000003").mkdir()
     (out / "metrics.jsonl").write_text('{"step": 3}\n')
     os.utime(init / "DONE.json")  # re-touching the start checkpoint changes nothing it holds
     elsewhere = ["evaluation.limit=7", "wandb.enabled=false", "paths.results_dir=x", "paths.runs_dir=y",
                  "benchmark=twohop", "rl.checkpoint_every=5", "rl.dump_rollouts=false"]
-    _forget_stale_run(out, _identity(elsewhere, rows, init))
+    forget_stale_run(out, _identity(elsewhere, rows, init))
     assert (out / "step_000003").is_dir() and (out / "metrics.jsonl").is_file()
     for changed, changed_rows in [(["rl.lr=0.5"], rows), (["method.eta=0"], rows), ([], rows * 2), (["dtype=bfloat16"], rows)]:
         assert _identity(changed, changed_rows, init) != base
-    _forget_stale_run(out, _identity(["rl.lr=0.5"], rows, init))
+    forget_stale_run(out, _identity(["rl.lr=0.5"], rows, init))
     assert not (out / "step_000003").exists() and not (out / "metrics.jsonl").exists()
 
 
@@ -156,9 +156,9 @@ def test_identity_follows_the_start_checkpoints_weights_not_its_path(workdir, tm
 def test_a_finished_run_of_other_settings_is_refused_not_overwritten(tmp_path):
     out = tmp_path / "run"
     (out / "final").mkdir(parents=True)
-    _forget_stale_run(out, {"rl": {"lr": 1}})
+    forget_stale_run(out, {"rl": {"lr": 1}})
     (out / "final" / "DONE.json").write_text("{}\n")
-    _forget_stale_run(out, {"rl": {"lr": 1}})  # same settings: nothing to say
+    forget_stale_run(out, {"rl": {"lr": 1}})  # same settings: nothing to say
     with pytest.raises(RuntimeError, match="other settings.*rl.*variant="):
-        _forget_stale_run(out, {"rl": {"lr": 2}})
+        forget_stale_run(out, {"rl": {"lr": 2}})
     assert (out / "final" / "DONE.json").is_file()

@@ -1,13 +1,13 @@
-"""``python -m cbpo.train backend=verl ...``: the RL stage on verl. GPU only: on a machine
-without CUDA GPUs, vLLM or Ray it stops before writing anything, naming what is missing,
-rather than fall back to another trainer. ``verl.dry_run=true`` prints the generated verl
-config, validated by verl itself, on any machine.
+"""``python -m cbpo.train backend=verl ...``: the RL stage on verl. On GPUs it is verl as
+released; on a machine without one it runs the same processes on CPUs through ``cpu.py`` (the
+engine environment, ``make engines``, has vLLM's CPU build). Without vLLM or Ray it stops before
+writing anything, naming what is missing, rather than fall back to another trainer.
+``verl.dry_run=true`` prints the generated verl config, validated by verl itself, on any machine.
 
 The launch keeps the local backend's run folder (one writer, ``run_key.json``, provenance),
 writes what verl's processes read (``verl/``: the rows as verl's dataset, the run's config, the
 agent-loop registration) and hands the config to verl's own ``run_ppo`` (``ray.init`` with its
-runtime env, then a task runner) with the suite's task runner (``trainer.py``). Past the GPU
-check nothing here has run yet: it needs Ray, CUDA and vLLM.
+runtime env, then a task runner) with the suite's task runner (``trainer.py``).
 """
 from __future__ import annotations
 
@@ -24,10 +24,14 @@ from cbpo.backends.verl import credit
 from cbpo.schema import method_config, settings
 
 
-def missing_gpu_stack() -> list[str]:
-    """What this machine lacks for verl's trainer (empty when it can run)."""
-    lacks = [] if torch.cuda.is_available() else ["torch sees no CUDA GPU"]
-    return lacks + [f"{m} is not installed" for m in ("vllm", "ray") if importlib.util.find_spec(m) is None]
+def missing_engines() -> list[str]:
+    """What this environment lacks for verl's trainer (empty when it can run)."""
+    return [f"{m} is not installed" for m in ("vllm", "ray") if importlib.util.find_spec(m) is None]
+
+
+def on_cpu() -> bool:
+    """No CUDA GPU: verl runs through the CPU platform (cpu.py)."""
+    return not torch.cuda.is_available()
 
 
 def unsupported(method) -> str | None:
@@ -44,24 +48,32 @@ def run_verl(cfg: DictConfig, out: Path) -> None:
     if cfg.stage != "rl":
         raise ValueError("backend=verl runs the RL stage; SFT runs on backend=local (device=cuda for one GPU)")
     out = Path(out).absolute()  # verl's workers on other nodes do not share this process's directory
+    if on_cpu():
+        from cbpo.backends.verl import cpu
+
+        cpu.activate()  # before verl's first import (the config check below): verl loads cpu.py then
     verl_cfg = settings(cfg, "verl")
     generated = verl_config.build(cfg, method_config(cfg), settings(cfg, "rl"), verl_cfg,
                                   str(out / "verl" / "train.parquet"), out)
+    if on_cpu():
+        # free-form in verl: model.override_config; enable_sleep_mode is a field of verl's rollout
+        # dataclass that its YAML does not list
+        for node in (generated.actor_rollout_ref.model.override_config, generated.actor_rollout_ref.rollout):
+            OmegaConf.set_struct(node, False)
+        generated = OmegaConf.merge(generated, cpu_overrides(cfg))
     if verl_cfg.dry_run:
         print(OmegaConf.to_yaml(generated))
         return
-    from cbpo.train import build_method
+    from cbpo.registry import build_method
 
     why = unsupported(build_method(cfg, vocab_size=None))
     if why:
         raise ValueError(f"method={cfg.method.name} {why}; train it with backend=local")
-    lacks = missing_gpu_stack()
+    lacks = missing_engines()
     if lacks:
-        raise RuntimeError(f"backend=verl needs the GPU environment (environment.yml): {'; '.join(lacks)}. "
-                           "On this machine use backend=local, or verl.dry_run=true to check the generated config")
-    from verl.trainer.main_ppo import run_ppo
-
-    from cbpo.backends.verl.trainer import SuiteTaskRunner
+        raise RuntimeError(f"backend=verl needs the engine environment (environment.yml on GPUs; `make engines` "
+                           f"builds .venv-engines on a CPU machine): {'; '.join(lacks)}. "
+                           "Use backend=local, or verl.dry_run=true to check the generated config")
     from cbpo.data import load_split
 
     rows = load_split(cfg.data, cfg.paths.data_dir, "train")
@@ -69,9 +81,41 @@ def run_verl(cfg: DictConfig, out: Path) -> None:
     if writer is None:
         return
     with writer:
+        fit_prompt_length(generated, cfg, rows)
         write_inputs(cfg, generated, rows)
+        if on_cpu():
+            cpu.init_ray(generated)
+        from verl.trainer.main_ppo import run_ppo
+
+        from cbpo.backends.verl.trainer import SuiteTaskRunner
+
         run_ppo(generated, task_runner_class=SuiteTaskRunner)
     print(f"wrote {out / 'final'}")
+
+
+def fit_prompt_length(generated: DictConfig, cfg: DictConfig, rows) -> None:
+    """verl's prompt block as wide as the longest training prompt. verl's own agent loops
+    left-truncate a longer prompt, which would cut the system prompt or the question and train on
+    a problem the local backend never sees; the suite's agent loop refuses one instead
+    (``trainer.GroupAgentLoop``), so the width is set from the rows themselves."""
+    from transformers import AutoTokenizer
+
+    from cbpo.chat import build_prompt, resolve_system_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.init)
+    system_prompt = resolve_system_prompt(cfg.system_prompt)
+    longest = max(len(build_prompt(tokenizer, r["question"], system_prompt)) for r in rows)
+    generated.data.max_prompt_length = longest
+    generated.actor_rollout_ref.rollout.prompt_length = longest
+
+
+def cpu_overrides(cfg: DictConfig) -> DictConfig:
+    """cpu.py's settings for this run (importing cpu.py patches nothing until ``activate``)."""
+    from cbpo.backends.device import resolve_dtype
+    from cbpo.backends.verl import cpu
+
+    dtype = str(resolve_dtype(cfg.dtype, torch.device("cpu"))).removeprefix("torch.")
+    return OmegaConf.create(cpu.config_overrides(dtype))
 
 
 def claim_run(cfg: DictConfig, out: Path, rows):
@@ -81,22 +125,21 @@ def claim_run(cfg: DictConfig, out: Path, rows):
     from hydra.core.hydra_config import HydraConfig
 
     from cbpo.provenance import write_provenance
-    from cbpo.runs import DONE, WriterLock
-    from cbpo.train import _forget_stale_run, run_identity
+    from cbpo.runs import DONE, WriterLock, forget_stale_run, run_identity
 
     init = Path(cfg.init)
     if not (init / DONE).is_file():
         raise FileNotFoundError(f"RL starts from {init}, which is not a finished checkpoint (run stage=sft first)")
     identity = run_identity(cfg, rows, init)
     if (out / "final" / DONE).is_file():
-        _forget_stale_run(out, identity)  # refuses a finished run of other settings
+        forget_stale_run(out, identity)  # refuses a finished run of other settings
         print(f"already finished: {out / 'final'}")
         return None
     writer = WriterLock(out)
     key = out / "run_key.json"
     if key.is_file() and json.loads(key.read_text()) != identity:
         shutil.rmtree(out / "verl", ignore_errors=True)  # verl resumes any checkpoint it finds there
-    _forget_stale_run(out, identity)
+    forget_stale_run(out, identity)
     write_provenance(out, cfg, HydraConfig.get().overrides.task)
     return writer
 

@@ -39,10 +39,10 @@ from cbpo.backends.verl import credit
 from cbpo.backends.verl.agent_loop import DRAW_STATS, STEP, GroupRollouts, ServerEngine
 from cbpo.backends.verl.config import AGENT_LOOP
 from cbpo.chat import build_prompt, resolve_system_prompt
+from cbpo.registry import build_method
 from cbpo.reward import Rewarder
 from cbpo.schema import settings
 from cbpo.tools import SEARCH_STATS, build_tools
-from cbpo.train import build_method
 from cbpo.trainer import MetricsLog, _reward, save_checkpoint
 from cbpo.trajectory import Trajectory
 
@@ -157,6 +157,7 @@ class SuiteTrainer(RayPPOTrainer):
         super().__init__(*args, **kwargs)
         self.method, self.run_dir, self.log = method, Path(run_dir), log
         self._rollouts: dict = {}
+        self._save_due = False
 
     def fit(self):
         # verl 0.9.1's fit calls the module-level compute_advantage and builds its Tracking
@@ -210,10 +211,21 @@ class SuiteTrainer(RayPPOTrainer):
         gen_batch.non_tensor_batch[STEP] = np.full(len(gen_batch), self.global_steps, dtype=np.int64)
         return gen_batch
 
+    def _save_checkpoint(self):
+        # verl checkpoints a step before it logs the step's metrics: a run killed in between
+        # would resume past a step whose metrics line is lost. The save waits for the line.
+        self._save_due = True
+
     def log_step(self, metrics, step: int) -> None:
+        # verl's check that the engine samples the policy the actor trains: the largest gap
+        # between vLLM's and the actor's probability of a sampled token (weight sync, kernels)
+        gap = metrics.get("training/rollout_probs_diff_max")
         self.log.log({"step": int(step), **self._rollouts, "rollout_seconds": float(metrics["timing_s/gen"]),
                       "wall_seconds": float(metrics["timing_s/step"]), "devices": held_gpus(self.config),
-                      **policy_stats(metrics)})
+                      **({} if gap is None else {"rollout_probs_diff_max": float(gap)}), **policy_stats(metrics)})
+        if self._save_due:
+            self._save_due = False
+            super()._save_checkpoint()
 
     def init_workers(self):
         # verl builds its rollout replicas here (LLMServerManager) from rollout.name; the name stays
@@ -324,6 +336,11 @@ class GroupAgentLoop(AgentLoopBase):
         info = kwargs["extra_info"]
         t, k, row, counts, (hinted, leaked) = await self.group.rollout(
             str(kwargs["uid"]), json.loads(info["row"]), int(info["index"]), int(kwargs[STEP]))
+        if len(t.prompt_ids) > self.rollout_config.prompt_length:
+            # verl's own loops left-truncate; the launch sizes the block to the rows' prompts
+            # (launch.fit_prompt_length), so a longer one is a bug to name, not a prompt to cut
+            raise ValueError(f"training row {info['index']}: its prompt has {len(t.prompt_ids)} tokens, more than "
+                             f"verl's rollout.prompt_length={self.rollout_config.prompt_length}")
         return AgentLoopOutput(
             prompt_ids=t.prompt_ids, response_ids=t.response_ids, response_mask=[int(m) for m in t.model_mask],
             response_logprobs=t.logprobs, reward_score=t.reward, num_turns=2 * t.tool_calls + 2,

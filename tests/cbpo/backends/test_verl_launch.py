@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 
 from cbpo import schema
 from cbpo.backends.verl import agent_loop, credit
-from cbpo.backends.verl.launch import missing_gpu_stack, run_verl, unsupported, write_inputs
+from cbpo.backends.verl.launch import missing_engines, run_verl, unsupported, write_inputs
 
 pytest.importorskip("verl")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
@@ -29,11 +29,11 @@ def train(tmp_path, *overrides):
                            *overrides], capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=300)
 
 
-@pytest.mark.skipif(not missing_gpu_stack(), reason="this machine can run verl")
-def test_verl_backend_fails_fast_without_gpus_and_writes_nothing(tmp_path):
+@pytest.mark.skipif(not missing_engines(), reason="this environment has vLLM and Ray (the engine tier trains)")
+def test_verl_backend_fails_fast_without_the_engines_and_writes_nothing(tmp_path):
     out = train(tmp_path)
     assert out.returncode != 0
-    assert "backend=verl needs the GPU environment (environment.yml): torch sees no CUDA GPU" in out.stderr
+    assert "backend=verl needs the engine environment" in out.stderr and "vllm is not installed" in out.stderr
     assert [p.name for p in tmp_path.iterdir()] in ([], ["train.log"])  # Hydra's job log only: no run folder
 
 
@@ -62,26 +62,26 @@ def composed(*overrides):
 
 def test_a_method_whose_setup_verl_does_not_replace_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     # every Table 1 method with a setup hook (OPD, OC-GRPO) has verl do its work; one without is refused
-    from cbpo import train
+    from cbpo import registry
 
     cfg = composed("stage=rl", "method=grpo", "preset=paper")
-    grpo = train.build_method(cfg, vocab_size=None)
+    grpo = registry.build_method(cfg, vocab_size=None)
     assert unsupported(grpo) is None
     grpo.setup = lambda model, tokenizer, temperature: None
-    monkeypatch.setattr(train, "build_method", lambda cfg, vocab_size: grpo)
+    monkeypatch.setattr(registry, "build_method", lambda cfg, vocab_size: grpo)
     with pytest.raises(ValueError, match="method=grpo needs the policy model in its own steps.*backend=local"):
         run_verl(cfg, tmp_path / "run")
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.skipif(not missing_gpu_stack(), reason="this machine can run verl")
+@pytest.mark.skipif(not missing_engines(), reason="this environment has vLLM and Ray (the engine tier trains)")
 def test_oc_grpo_passes_the_method_check_with_a_validated_config(tmp_path):
-    # past the config (built and checked by verl) and the method check, the launch stops at the GPUs
-    from cbpo.train import build_method
+    # past the config (built and checked by verl) and the method check, the launch stops at the engines
+    from cbpo.registry import build_method
 
     cfg = composed("stage=rl", "method=oc_grpo", "preset=paper")
     assert unsupported(build_method(cfg, vocab_size=None)) is None
-    with pytest.raises(RuntimeError, match="backend=verl needs the GPU environment"):
+    with pytest.raises(RuntimeError, match="backend=verl needs the engine environment"):
         run_verl(cfg, tmp_path / "run")
     assert list(tmp_path.iterdir()) == []
     out = train(tmp_path, "verl.dry_run=true", "method=oc_grpo")
@@ -90,7 +90,7 @@ def test_oc_grpo_passes_the_method_check_with_a_validated_config(tmp_path):
 
 
 def test_opd_trains_on_verl_as_its_distillation(tmp_path):
-    from cbpo.train import build_method
+    from cbpo.registry import build_method
 
     cfg = composed("stage=rl", "method=opd", "method.teacher=Qwen/Qwen3-32B", "preset=paper")
     assert unsupported(build_method(cfg, vocab_size=None)) is None
@@ -102,12 +102,12 @@ def test_opd_trains_on_verl_as_its_distillation(tmp_path):
         assert line in distillation, distillation
 
 
-@pytest.mark.skipif(not missing_gpu_stack(), reason="this machine can run verl")
+@pytest.mark.skipif(not missing_engines(), reason="this environment has vLLM and Ray (the engine tier trains)")
 def test_dapos_dynamic_sampling_is_launched_with_a_validated_config(tmp_path):
-    # past the config (built and checked by verl) and the method check, the launch stops at the GPUs
+    # past the config (built and checked by verl) and the method check, the launch stops at the engines
     cfg = composed("stage=rl", "method=dapo", "preset=paper")
     assert cfg.method.filter_groups and cfg.method.max_num_gen_batches > 1
-    with pytest.raises(RuntimeError, match="backend=verl needs the GPU environment"):
+    with pytest.raises(RuntimeError, match="backend=verl needs the engine environment"):
         run_verl(cfg, tmp_path / "run")
     assert list(tmp_path.iterdir()) == []
 
@@ -264,3 +264,37 @@ def test_oc_grpos_agent_loop_worker_carries_the_privileged_rollouts_hinted_promp
     assert [f["cbpo_kind"] for f in fields] == ["parent"] * (n // 2) + ["privileged"] * (n - n // 2)
     assert [f["cbpo_hinted_prompt"] for f in fields] == [[]] * (n // 2) + [hinted] * (n - n // 2)
     assert [f["cbpo_leaked"] for f in fields] == [False] * n
+
+
+def test_the_prompt_block_fits_the_longest_training_prompt_and_a_longer_one_is_refused(tmp_path, monkeypatch):
+    # verl's own loops left-truncate a prompt longer than rollout.prompt_length (the smoke preset's
+    # is 32, its prompts longer): the launch widens the block to the rows' longest prompt, and
+    # the suite's agent loop names a row whose prompt still does not fit instead of cutting it.
+    from verl.trainer.ppo.utils import create_rl_dataset
+
+    from cbpo.backends.verl.launch import fit_prompt_length
+    from cbpo.chat import build_prompt
+    from cbpo.models import train_tokenizer
+
+    cfg, generated = one_gpu_run(tmp_path, "method=grpo")
+    rows = [{"id": "q1", "question": "Who founded the city " * 12 + "?", "answer": "3", "domain": "search"},
+            {"id": "q2", "question": "Where was she born?", "answer": "4", "domain": "search"}]
+    tokenizer = train_tokenizer(["<answer>3</answer> Who founded the city? Where was she born?"] * 20, 300)
+    tokenizer.save_pretrained(tmp_path / "init")
+    cfg.init = str(tmp_path / "init")
+    longest = len(build_prompt(tokenizer, rows[0]["question"], None))
+    assert longest > generated.actor_rollout_ref.rollout.prompt_length  # what verl would cut
+    fit_prompt_length(generated, cfg, rows)
+    assert generated.actor_rollout_ref.rollout.prompt_length == generated.data.max_prompt_length == longest
+    write_inputs(cfg, generated, rows)
+    dataset = create_rl_dataset(generated.data.train_files, generated.data, tokenizer, None)
+    outputs = agent_loop_outputs(generated, tokenizer, FakeServer(tokenizer), dataset[0])
+    assert all(len(o.prompt_ids) == longest for o in outputs)  # whole, not truncated
+
+    from cbpo.backends.verl import trainer
+
+    monkeypatch.setattr(trainer, "_GROUPS", {})  # a new worker process
+    generated.actor_rollout_ref.rollout.prompt_length = longest - 1
+    with pytest.raises(ValueError, match=f"training row 0: its prompt has {longest} tokens, more than "
+                                         f"verl's rollout.prompt_length={longest - 1}"):
+        agent_loop_outputs(generated, tokenizer, FakeServer(tokenizer), dataset[0], uid="uid-2")

@@ -198,6 +198,28 @@ def test_the_run_ends_in_final_with_done_json(suite_trainer, tmp_path, cbpo_grou
     assert all(torch.equal(ours[k], v) for k, v in verls.state_dict().items())
 
 
+def test_a_checkpoint_verl_asks_for_is_taken_after_its_steps_metrics_line(suite_trainer, tmp_path, monkeypatch,
+                                                                            cbpo_groups):
+    # verl 0.9.1 saves a step's checkpoint before it logs the step: killed in between, a run would
+    # resume past a step whose metrics line was never written
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    saved = []
+
+    def verl_fit(self):
+        logger = tracking.Tracking(project_name="p", experiment_name="e", default_backend=["console"], config={})
+        ray_trainer.compute_advantage(self.batch, adv_estimator="grpo", gamma=1.0, lam=1.0, num_repeat=6,
+                                      norm_adv_by_std_in_grpo=True, config=None)
+        self._save_checkpoint()  # where verl saves
+        assert saved == []
+        logger.log(data=VERL_METRICS, step=1)
+
+    monkeypatch.setattr(ray_trainer.RayPPOTrainer, "fit", verl_fit)
+    monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_save_checkpoint",
+                        lambda self: saved.append(len(metrics.read_text().splitlines())))
+    suite_trainer(cbpo(), verl_batch(cbpo_groups)).fit()
+    assert saved == [1]  # once, with step 1's line already written
+
+
 def test_a_resumed_run_keeps_the_metrics_of_its_checkpoints_steps(suite_trainer, tmp_path, monkeypatch):
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_load_checkpoint", lambda self: setattr(self, "global_steps", 2))
     trainer = suite_trainer(cbpo(), None)

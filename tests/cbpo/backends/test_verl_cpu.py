@@ -1,0 +1,112 @@
+"""The verl backend for real (engine tier): ``python -m cbpo.train stage=rl backend=verl`` on the
+smoke preset runs verl 0.9.1's own Ray task runner, FSDP2 actor and vLLM server (the suite's
+``SuiteServer``), on CPU through cbpo/backends/verl/cpu.py, and leaves the local trainer's run
+layout: ``final/`` with DONE.json, one metrics line per step under the local trainer's keys, and
+a run killed with SIGKILL resumes from its last checkpoint."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.engines, pytest.mark.timeout(3600)]
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline",
+       "TOKENIZERS_PARALLELISM": "false"}
+RUN_LIMIT_S = 1500
+# what the tables and curves read from a metrics line, as the local trainer writes it
+LOCAL_KEYS = {"step", "reward", "problems", "rollouts", "generated_tokens", "tool_calls", "tool_seconds", "n_parent",
+              "n_branch", "n_fill", "rollout_seconds", "wall_seconds", "pg_loss", "grad_norm", "devices"}
+
+
+def command(study, method, *overrides):
+    root, paths = study
+    return [sys.executable, "-m", "cbpo.train", "stage=rl", "backend=verl", f"method={method}", "verl.gpus_per_node=1",
+            *paths, *overrides]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """Smoke data, the scratch model and its SFT checkpoint (local backend), as the DAG makes them."""
+    root = tmp_path_factory.mktemp("verl_cpu")
+    paths = ["preset=smoke", f"paths.data_dir={root / 'data'}", f"paths.models_dir={root / 'models'}",
+             f"paths.runs_dir={root / 'runs'}"]
+    for step in (["cbpo.prepare", "target=data"], ["cbpo.prepare", "target=model"], ["cbpo.train", "stage=sft"]):
+        done = subprocess.run([sys.executable, "-m", *step, *paths], cwd=root, env=ENV, capture_output=True, text=True,
+                              timeout=RUN_LIMIT_S)
+        assert done.returncode == 0, done.stderr[-3000:]
+    return root, paths
+
+
+def run_dir(study, method) -> Path:
+    return study[0] / "runs" / "smoke" / "tiny" / "mix" / "seed0" / method
+
+
+def train(study, method, *overrides):
+    done = subprocess.run(command(study, method, *overrides), cwd=study[0], env=ENV, capture_output=True, text=True,
+                          timeout=RUN_LIMIT_S)
+    assert done.returncode == 0, done.stderr[-5000:]
+    return done
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def check_finished(run: Path, steps: int) -> list[dict]:
+    assert json.loads((run / "final" / "DONE.json").read_text())["step"] == "final"
+    assert (run / "final" / "config.json").is_file() and (run / "final" / "tokenizer.json").is_file()
+    lines = metrics(run)
+    assert [m["step"] for m in lines] == list(range(1, steps + 1))
+    for m in lines:
+        assert LOCAL_KEYS <= set(m), LOCAL_KEYS - set(m)
+        assert m["rollouts"] == 2 * 4 and m["generated_tokens"] > 0  # smoke: 2 problems x budget 4
+        # vLLM (float32 on CPU) samples the policy the FSDP actor scores
+        assert m["rollout_probs_diff_max"] < 1e-3, m["rollout_probs_diff_max"]
+    return lines
+
+
+def test_grpo_trains_on_verls_ray_fsdp_and_vllm_processes(study):
+    train(study, "grpo")
+    lines = check_finished(run_dir(study, "grpo"), 2)
+    print("grpo on verl:", [(m["step"], round(m["wall_seconds"], 1), m["rollout_probs_diff_max"]) for m in lines])
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the launch and everything it started (Ray's processes included)."""
+    tree = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def test_cbpo_trains_on_verl_and_a_killed_run_resumes_from_its_checkpoint(study):
+    run = run_dir(study, "cbpo")
+    latest = run / "verl" / "latest_checkpointed_iteration.txt"  # verl writes it once a checkpoint is whole
+    proc = subprocess.Popen(command(study, "cbpo"), cwd=study[0], env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + RUN_LIMIT_S
+    try:
+        while not (latest.is_file() and latest.read_text().strip() == "1"):
+            assert proc.poll() is None, "the run ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint in time"
+            time.sleep(1)
+    finally:
+        kill_tree(proc)
+    assert not (run / "final").exists()
+    first = metrics(run)
+    assert first[0]["step"] == 1
+
+    train(study, "cbpo")
+    lines = check_finished(run, 2)
+    assert lines[0] == first[0]  # step 1 came from the checkpoint, not trained again
+    print("cbpo on verl:", [(m["step"], m["n_branch"], round(m["wall_seconds"], 1), m["rollout_probs_diff_max"])
+                            for m in lines])
