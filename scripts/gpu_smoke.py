@@ -1,9 +1,13 @@
 """The one-command GPU smoke test, for a machine with a CUDA GPU and the environment.yml
-environment (vLLM 0.24.0, verl 0.9.1):
+environment (vLLM 0.24.0, verl 0.9.1); the first command to run on a new GPU machine:
 
     python scripts/gpu_smoke.py                          # everything below, a few minutes
     python scripts/gpu_smoke.py --skip-train             # the engine checks only
     python scripts/gpu_smoke.py --backends local,verl    # also the verl backend
+    .venv-engines/bin/python scripts/gpu_smoke.py --device cpu   # the same checks without a GPU
+
+``--device cpu`` runs every check on vLLM's CPU build and the CPU trainer (the engines
+environment, ``.venv-engines``), float32 unless ``--dtype`` says otherwise.
 
 1. Engine: loads ``--model`` in ``VLLMEngine``, runs ``run_agent`` with the sandboxed Python
    tool on 4 built-in arithmetic problems, prints tokens/s, stop reasons, finishes, the mean
@@ -12,14 +16,18 @@ environment (vLLM 0.24.0, verl 0.9.1):
    and finite). It then re-scores every sequence with a transformers forward pass, as the
    trainer scores them, and checks the mean absolute log-prob difference against
    ``--logprob-tol``. Sampling at temperature 0.8 tells raw log-probs (what the engine must
-   return) from temperature-scaled ones, which coincide at temperature 1.
+   return) from temperature-scaled ones, which coincide at temperature 1. Then it perturbs the
+   transformers copy's weights, pushes them into vLLM as the trainer does after an update, and
+   checks that new rollouts' log-probs are the perturbed model's; and that the rollouts' shared
+   prompts were served from vLLM's prefix cache.
 2. Training (``--skip-train`` skips it): in a scratch folder, prepares the offline tiny model
    and data, runs SFT, then for each backend x method x rollout engine a few RL steps
-   (``python -m cbpo.train ... device=cuda``), and checks that it finished, that every step's
+   (``python -m cbpo.train ... device=cuda``, or ``cpu``), and checks that it finished, that every step's
    reward is finite and tokens were generated, and that a run whose final checkpoint is removed
    resumes from its last step checkpoint and finishes again.
 
-Exit status 0 when every check passes, 1 when one fails, 2 without a CUDA GPU.
+It ends with one PASS/FAIL line per check. Exit status 0 when every check passes, 1 when one
+fails, 2 with ``--device cuda`` (the default) and no CUDA GPU.
 """
 from __future__ import annotations
 
@@ -55,7 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     p.add_argument("--top-k-entropy", type=int, default=10, help="K of the truncated entropy (Eq. 6)")
     p.add_argument("--seed", type=int, default=0, help="vLLM seed and arith problem seed")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="model dtype, for vLLM and the transformers check")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="where every check runs (cpu: vLLM's CPU build)")
+    p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
+                   help="model dtype, for vLLM and the transformers check (default: bfloat16 on cuda, float32 on cpu)")
     p.add_argument("--max-model-len", type=int, default=None, help="vLLM context length (default: the model's)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.7,
                    help="vLLM's share of GPU memory; the rest holds the transformers check")  # fmt: skip
@@ -77,6 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"unknown or non-training choices: {', '.join(wrong)}")
     if args.steps < 2:
         p.error("--steps must be >= 2")
+    args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     return args
 
 
@@ -123,29 +134,26 @@ def invariant_errors(trajectories) -> list[str]:
     return errors
 
 
-def compare_with_transformers(args, trajectories) -> tuple[float, float, float, float]:
-    """Max and mean |vLLM - transformers| of the sampled tokens' raw log-probs, then of the
-    top-K entropies, over every model token."""
+def compare_with_transformers(args, model, trajectories) -> tuple[float, float, float, float]:
+    """Max and mean |vLLM - transformers ``model``| of the sampled tokens' raw log-probs, then
+    of the top-K entropies, over every model token."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype))
-    model = model.to("cuda").eval()
     lp_diffs, ent_diffs = [], []
     with torch.inference_mode():
         for t in trajectories:
-            ids = torch.tensor([t.prompt_ids + t.response_ids], device="cuda")
+            ids = torch.tensor([t.prompt_ids + t.response_ids], device=args.device)
             logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
             start = len(t.prompt_ids)
-            pos = torch.tensor([start + j for j, m in enumerate(t.model_mask) if m], device="cuda")
+            pos = torch.tensor([start + j for j, m in enumerate(t.model_mask) if m], device=args.device)
             if len(pos) == 0:
                 continue
             rows = logp[pos - 1]  # the distribution each model token was drawn from
             hf_lp = rows.gather(1, ids[0, pos].unsqueeze(1)).squeeze(1)
             top = rows.topk(args.top_k_entropy, dim=-1).values.exp()
             hf_ent = -torch.special.xlogy(top, top).sum(-1)
-            ours_lp = torch.tensor([lp for lp, m in zip(t.logprobs, t.model_mask) if m], device="cuda")
-            ours_ent = torch.tensor([e for e, m in zip(t.entropies, t.model_mask) if m], device="cuda")
+            ours_lp = torch.tensor([lp for lp, m in zip(t.logprobs, t.model_mask) if m], device=args.device)
+            ours_ent = torch.tensor([e for e, m in zip(t.entropies, t.model_mask) if m], device=args.device)
             lp_diffs.append((ours_lp - hf_lp).abs())
             ent_diffs.append((ours_ent - hf_ent).abs())
     lp_d, ent_d = torch.cat(lp_diffs), torch.cat(ent_diffs)
@@ -160,17 +168,33 @@ def _cbpo(work: Path, *overrides: str) -> tuple[int, str]:
     return out.returncode, out.stdout + out.stderr
 
 
-def train_checks(args, work: Path) -> list[str]:
-    """SFT once, then RL runs on the GPU; the problems found (empty when all passed)."""
+class Checks:
+    """Named pass/fail results, printed as they come and again as one list at the end."""
+
+    def __init__(self):
+        self.results: list[tuple[str, bool, str]] = []
+
+    def add(self, name: str, ok: bool, detail: str = "") -> bool:
+        self.results.append((name, ok, detail))
+        print(f"{'ok' if ok else 'FAILED'}: {name}{' - ' + detail if detail else ''}", flush=True)
+        return ok
+
+    def summary(self) -> str:
+        lines = [f"{'PASS' if ok else 'FAIL'}  {name}{'  (' + detail.splitlines()[0] + ')' if detail else ''}"
+                 for name, ok, detail in self.results]
+        failed = sum(not ok for _, ok, _ in self.results)
+        return "\n".join([*lines, "SMOKE OK" if not failed else f"SMOKE FAILED ({failed} of {len(self.results)} checks)"])
+
+
+def train_checks(args, work: Path, checks: Checks) -> None:
+    """SFT once, then RL runs on ``args.device``, each a check."""
     repo = Path(__file__).resolve().parents[1]
-    common = ["preset=smoke", "model=tiny", "device=cuda", f"paths.data_dir={work}/data",
+    common = ["preset=smoke", "model=tiny", f"device={args.device}", f"paths.data_dir={work}/data",
               f"paths.models_dir={work}/models", f"paths.runs_dir={work}/runs"]
     for step in (["cbpo.prepare", "target=data"], ["cbpo.prepare", "target=model"], ["cbpo.train", "stage=sft"]):
         rc, out = _cbpo(repo, *step, *common)
-        print(f"{' '.join(step)}: exit {rc}")
-        if rc:
-            return [f"{' '.join(step)} failed:\n{out[-3000:]}"]
-    errors = []
+        if not checks.add(" ".join(step), rc == 0, "" if rc == 0 else f"exit {rc}:\n{out[-3000:]}"):
+            return
     runs = [(b, m, e) for b in args.backends for m in args.methods for e in (args.rl_engines if b == "local" else ["-"])]
     for backend, method, engine in runs:
         name = f"{method}-{backend}-{engine}"
@@ -185,9 +209,8 @@ def train_checks(args, work: Path) -> list[str]:
             if rc or "resuming from" not in out:
                 problems.append(f"the rerun did not resume (exit {rc}):\n{out[-3000:]}")
             problems += run_problems(work / "runs", name, args.steps)
-        print(f"train {name}: {'ok' if not problems else 'FAILED'} ({time.perf_counter() - start:.0f} s)")
-        errors += [f"train {name}: {p}" for p in problems]
-    return errors
+        detail = f"{time.perf_counter() - start:.0f} s, trained and resumed" if not problems else "; ".join(problems)
+        checks.add(f"train {name}", not problems, detail)
 
 
 def run_problems(runs: Path, name: str, steps: int) -> list[str]:
@@ -207,21 +230,36 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    if not torch.cuda.is_available():
-        print("gpu_smoke needs a CUDA GPU and the environment.yml environment: torch sees no GPU here", file=sys.stderr)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_smoke needs a CUDA GPU and the environment.yml environment: torch sees no GPU here "
+              "(--device cpu runs the checks on vLLM's CPU build)", file=sys.stderr)
         return 2
+    checks = Checks()
     # training first: its runs are subprocesses that need the GPU memory this process's vLLM holds later
-    errors = []
-    if not args.skip_train:
-        work = args.workdir or Path(tempfile.mkdtemp(prefix="cbpo-gpu-smoke-"))
-        errors += train_checks(args, work)
-        if args.model is None:  # offline: the engine checks load the SFT checkpoint just trained
-            args.model = str(next(work.glob("runs/**/sft/final"), work / "no-sft-checkpoint"))
-    if args.model is None:
+    if args.skip_train and args.model is None:
         print("--skip-train needs --model (a Hugging Face id or checkpoint folder)", file=sys.stderr)
         return 2
+    if not args.skip_train:
+        work = args.workdir or Path(tempfile.mkdtemp(prefix="cbpo-gpu-smoke-"))
+        train_checks(args, work, checks)
+        if args.model is None:  # offline: the engine checks load the SFT checkpoint just trained
+            sft = next(work.glob("runs/**/sft/final"), None)
+            args.model = None if sft is None else str(sft)
+    if args.model is None:
+        checks.add("engine checks", False, "no SFT checkpoint to load: stage=sft failed")
+    else:
+        engine_checks(args, checks)
+    print("\n" + checks.summary())
+    return 0 if all(ok for _, ok, _ in checks.results) else 1
+
+
+def engine_checks(args, checks: Checks) -> None:
+    """VLLMEngine in the agent loop on ``args.model``: invariants, agreement with transformers,
+    a weight push, the prefix cache."""
+    import torch
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from transformers import AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from cbpo.chat import build_prompt
     from cbpo.reward import Rewarder
@@ -233,27 +271,39 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     start = time.perf_counter()
-    engine = TimedEngine(VLLMEngine(
-        args.model,
-        tokenizer,
-        top_k_entropy=args.top_k_entropy,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_model_len=args.max_model_len,
-        llm_kwargs={"dtype": args.dtype},
-    ))  # fmt: skip
-    print(f"engine ready in {time.perf_counter() - start:.1f} s ({args.model}, {args.dtype})")
+    try:
+        vllm = VLLMEngine(
+            args.model,
+            tokenizer,
+            top_k_entropy=args.top_k_entropy,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            seed=args.seed,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            max_model_len=args.max_model_len,
+            llm_kwargs={"dtype": args.dtype},
+        )  # fmt: skip
+    except Exception as exc:  # every later check needs the engine: report why it is missing
+        checks.add("engine: vLLM starts", False, f"{type(exc).__name__}: {exc}")
+        return
+    checks.add("engine: vLLM starts", True, f"{time.perf_counter() - start:.1f} s, {args.model}, {args.dtype}, {args.device}")
+    engine = TimedEngine(vllm)
 
     rows = arith.generate(args.seed, 0, 4)["test"]
     row_of = [row for row in rows for _ in range(args.samples)]
-    trajectories = [Trajectory(prompt_ids=build_prompt(tokenizer, row["question"])) for row in row_of]
     tools = build_tools(["python"], {"python_timeout": 10})
     cfg = AgentConfig(max_new_tokens=args.max_new_tokens, max_total_tokens=args.max_total_tokens)
+
+    def rollouts():
+        fresh = [Trajectory(prompt_ids=build_prompt(tokenizer, row["question"])) for row in row_of]
+        return run_agent(engine, tokenizer, fresh, tools, cfg)
+
+    prefill = vllm.prefill_counts()
     start = time.perf_counter()
-    done = run_agent(engine, tokenizer, trajectories, tools, cfg)
+    done = rollouts()
     wall = time.perf_counter() - start
+    cached = vllm.prefill_counts()["prefill_cached_tokens"] - prefill["prefill_cached_tokens"]
+    prompt_tokens = vllm.prefill_counts()["prefill_tokens"] - prefill["prefill_tokens"]
 
     rewarder = Rewarder()
     try:
@@ -271,16 +321,30 @@ def main(argv: list[str] | None = None) -> int:
           f"over {len(entropies)} model tokens; mean reward {sum(rewards) / len(rewards):.3f}")  # fmt: skip
     print(f"example response:\n{tokenizer.decode(done[0].response_ids)}\n")
 
-    errors += invariant_errors(done)
-    lp_max, lp_mean, ent_max, ent_mean = compare_with_transformers(args, done)
-    print(f"vLLM vs transformers: log-prob |diff| max {lp_max:.4f} mean {lp_mean:.5f}; "
-          f"entropy |diff| max {ent_max:.4f} mean {ent_mean:.5f}")  # fmt: skip
-    if lp_mean > args.logprob_tol:
-        errors.append(f"mean log-prob difference {lp_mean:.4f} exceeds --logprob-tol {args.logprob_tol}")
-    for e in errors[:20]:
-        print("FAILED:", e)
-    print("SMOKE OK" if not errors else f"SMOKE FAILED ({len(errors)} problems)")
-    return 0 if not errors else 1
+    errors = invariant_errors(done)
+    checks.add("engine: rollouts well-formed", not errors,
+               f"{len(done)} rollouts, {engine.tokens} tokens" if not errors else "; ".join(errors[:5]))
+    checks.add("engine: prompts served from the prefix cache", cached > 0, f"{cached} of {prompt_tokens} prompt tokens")
+
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).to(args.device).eval()
+    lp_max, lp_mean, ent_max, ent_mean = compare_with_transformers(args, model, done)
+    checks.add("engine: log-probs and entropies equal transformers'", lp_mean <= args.logprob_tol,
+               f"log-prob |diff| max {lp_max:.2e} mean {lp_mean:.2e}; entropy |diff| max {ent_max:.2e} mean {ent_mean:.2e}; "
+               f"--logprob-tol {args.logprob_tol}")
+
+    # A weight push, as the trainer's after each update: vLLM must sample from the new weights.
+    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1 + 0.1 * torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype))
+    moved = compare_with_transformers(args, model, done)[1]  # the old rollouts under the new weights
+    try:
+        vllm.push_weights(model.named_parameters())
+        followed = compare_with_transformers(args, model, rollouts())[1]
+        checks.add("engine: pushed weights reach vLLM", followed <= args.logprob_tol and moved > 10 * followed,
+                   f"mean log-prob |diff| to the pushed weights {followed:.2e}, to the old ones {moved:.2e}")
+    except Exception as exc:
+        checks.add("engine: pushed weights reach vLLM", False, f"{type(exc).__name__}: {exc}")
 
 
 if __name__ == "__main__":  # vLLM starts worker processes: keep the work under this guard
