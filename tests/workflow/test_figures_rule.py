@@ -68,7 +68,7 @@ def test_figures_train_gigpo_arpo_cbpo_and_sample_pass5_on_math(tmp_path, profil
     assert option(figures["fig2"], "--run") == ["runs/smoke/tiny/mix/seed0/cbpo"]
     assert option(figures["fig5"], "--runs") == ["runs/smoke/tiny/mix/seed0", "runs/smoke/tiny/mix/seed1"]
     assert option(figures["fig5"], "--methods") == ["gigpo", "arpo", "cbpo"]
-    assert option(figures["curves"], "--methods") == ["grpo", "cbpo"]
+    assert option(figures["curves"], "--methods") == ["grpo", "gigpo", "arpo", "cbpo"]
     assert option(figures["fig4"], "--summary-file") == ["pass5/summary.json"]
     assert option(figures["fig4"], "--benchmarks") == ["arith"]
 

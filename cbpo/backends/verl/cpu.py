@@ -27,8 +27,8 @@ What this module changes, each for one reason (measured on these machines, ../sh
   padding (flash-attention is CUDA only), vLLM eager (its CPU compile costs ~1 min) with the
   KV cache kept between phases (``free_cache_engine=false``: sleep mode is GPU only), float32.
 
-The module is loaded by verl itself in every process that imports verl
-(``VERL_USE_EXTERNAL_MODULES``, set by ``activate`` before Ray starts, so Ray's workers inherit it).
+The module is loaded by verl itself in every process that imports verl: the launch lists it in
+``VERL_USE_EXTERNAL_MODULES`` before Ray starts, so Ray's workers inherit it.
 """
 from __future__ import annotations
 
@@ -47,7 +47,6 @@ PLATFORM = "cpu"
 ENV = {
     "VERL_PLATFORM": PLATFORM,
     "VERL_ENGINE_DEVICE": "cuda",
-    "VERL_USE_EXTERNAL_MODULES": __name__,
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache per vLLM engine
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # several processes share two cores
 }
@@ -83,7 +82,10 @@ def init_ray(config) -> None:
     import ray
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
-    runtime_env = get_ppo_ray_runtime_env(config)
+    from omegaconf import OmegaConf
+
+    runtime_env = OmegaConf.to_container(OmegaConf.merge(get_ppo_ray_runtime_env(config),
+                                                         config.ray_kwargs.ray_init.runtime_env))
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env)
         return

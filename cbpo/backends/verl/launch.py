@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -22,6 +23,12 @@ from omegaconf import DictConfig, OmegaConf
 from cbpo.backends.verl import config as verl_config
 from cbpo.backends.verl import credit
 from cbpo.schema import method_config, settings
+
+
+# The suite's own extensions of verl (a registered policy loss): verl imports these modules in
+# every process that imports it (VERL_USE_EXTERNAL_MODULES), Ray's workers on every node included.
+VERL_MODULES = ("baselines.aepo",)
+CPU_MODULE = "cbpo.backends.verl.cpu"
 
 
 def missing_engines() -> list[str]:
@@ -45,14 +52,18 @@ def unsupported(method) -> str | None:
 
 
 def run_verl(cfg: DictConfig, out: Path) -> None:
-    if cfg.stage != "rl":
-        raise ValueError("backend=verl runs the RL stage; SFT runs on backend=local (device=cuda for one GPU)")
     out = Path(out).absolute()  # verl's workers on other nodes do not share this process's directory
+    modules = ",".join([*VERL_MODULES, *([CPU_MODULE] if on_cpu() else [])])
+    os.environ["VERL_USE_EXTERNAL_MODULES"] = modules  # before verl's first import, below
     if on_cpu():
         from cbpo.backends.verl import cpu
 
         cpu.activate()  # before verl's first import (the config check below): verl loads cpu.py then
     verl_cfg = settings(cfg, "verl")
+    if cfg.stage == "sft":
+        from cbpo.backends.verl import sft
+
+        return sft.launch(cfg, out, verl_cfg, on_cpu(), dict(os.environ))
     generated = verl_config.build(cfg, method_config(cfg), settings(cfg, "rl"), verl_cfg,
                                   str(out / "verl" / "train.parquet"), out)
     if on_cpu():
@@ -61,6 +72,9 @@ def run_verl(cfg: DictConfig, out: Path) -> None:
         for node in (generated.actor_rollout_ref.model.override_config, generated.actor_rollout_ref.rollout):
             OmegaConf.set_struct(node, False)
         generated = OmegaConf.merge(generated, cpu_overrides(cfg))
+    runtime_env = generated.ray_kwargs.ray_init.runtime_env
+    OmegaConf.set_struct(runtime_env, False)
+    runtime_env.env_vars = {"VERL_USE_EXTERNAL_MODULES": modules}  # for Ray's workers on other nodes
     if verl_cfg.dry_run:
         print(OmegaConf.to_yaml(generated))
         return
@@ -118,18 +132,19 @@ def cpu_overrides(cfg: DictConfig) -> DictConfig:
     return OmegaConf.create(cpu.config_overrides(dtype))
 
 
-def claim_run(cfg: DictConfig, out: Path, rows):
+def claim_run(cfg: DictConfig, out: Path, rows, init: Path | None = None):
     """The run folder as ``cbpo.train`` keeps it for the local backend: None when the run is
     finished, else this process's writer lock, with stale outputs of other settings gone and
-    provenance written."""
+    provenance written. ``init``: the checkpoint the run starts from (RL: ``cfg.init``)."""
     from hydra.core.hydra_config import HydraConfig
 
     from cbpo.provenance import write_provenance
     from cbpo.runs import DONE, WriterLock, forget_stale_run, run_identity
 
-    init = Path(cfg.init)
-    if not (init / DONE).is_file():
-        raise FileNotFoundError(f"RL starts from {init}, which is not a finished checkpoint (run stage=sft first)")
+    if init is None:
+        init = Path(cfg.init)
+        if not (init / DONE).is_file():
+            raise FileNotFoundError(f"RL starts from {init}, which is not a finished checkpoint (run stage=sft first)")
     identity = run_identity(cfg, rows, init)
     if (out / "final" / DONE).is_file():
         forget_stale_run(out, identity)  # refuses a finished run of other settings

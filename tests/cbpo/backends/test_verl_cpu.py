@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 pytestmark = [pytest.mark.engines, pytest.mark.timeout(3600)]
+SLOW = pytest.mark.skipif(os.environ.get("CBPO_SLOW") != "1", reason="slow: set CBPO_SLOW=1")
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline",
        "TOKENIZERS_PARALLELISM": "false"}
@@ -58,14 +59,15 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def check_finished(run: Path, steps: int) -> list[dict]:
+def check_finished(run: Path, steps: int, rollouts: int | None = 2 * 4) -> list[dict]:
     assert json.loads((run / "final" / "DONE.json").read_text())["step"] == "final"
     assert (run / "final" / "config.json").is_file() and (run / "final" / "tokenizer.json").is_file()
     lines = metrics(run)
     assert [m["step"] for m in lines] == list(range(1, steps + 1))
     for m in lines:
         assert LOCAL_KEYS <= set(m), LOCAL_KEYS - set(m)
-        assert m["rollouts"] == 2 * 4 and m["generated_tokens"] > 0  # smoke: 2 problems x budget 4
+        assert m["rollouts"] == rollouts if rollouts else m["rollouts"] > 0  # smoke: 2 problems x budget 4
+        assert m["generated_tokens"] > 0
         # vLLM (float32 on CPU) samples the policy the FSDP actor scores
         assert m["rollout_probs_diff_max"] < 1e-3, m["rollout_probs_diff_max"]
     return lines
@@ -110,3 +112,43 @@ def test_cbpo_trains_on_verl_and_a_killed_run_resumes_from_its_checkpoint(study)
     assert lines[0] == first[0]  # step 1 came from the checkpoint, not trained again
     print("cbpo on verl:", [(m["step"], m["n_branch"], round(m["wall_seconds"], 1), m["rollout_probs_diff_max"])
                             for m in lines])
+
+
+def test_sft_trains_with_verls_fsdp_sft_trainer_into_the_local_backends_final(study):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root, paths = study
+    runs = root / "runs_verl_sft"
+    args = [p for p in paths if not p.startswith("paths.runs_dir=")] + [f"paths.runs_dir={runs}"]
+    done = subprocess.run([sys.executable, "-m", "cbpo.train", "stage=sft", "backend=verl", "verl.gpus_per_node=1",
+                           *args], cwd=root, env=ENV, capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    assert done.returncode == 0, done.stderr[-5000:]
+    run = runs / "smoke" / "tiny" / "mix" / "seed0" / "sft"
+    assert json.loads((run / "final" / "DONE.json").read_text())["step"] == "final"
+    (line,) = metrics(run)  # smoke: 3 steps, logged at the last
+    assert line["step"] == 3 and 0 < line["sft_loss"] < 20 and line["tokens"] > 0
+    init = root / "models" / "tiny"
+    trained = AutoModelForCausalLM.from_pretrained(run / "final").state_dict()
+    prepared = AutoModelForCausalLM.from_pretrained(init).state_dict()
+    assert trained.keys() == prepared.keys()
+    assert any(not (trained[k] == prepared[k]).all() for k in trained)  # it trained
+    assert AutoTokenizer.from_pretrained(run / "final").get_vocab() == AutoTokenizer.from_pretrained(init).get_vocab()
+    print("sft on verl:", line)
+
+
+# every other registry method, once each (minutes apiece on CPU): CBPO_SLOW=1
+OTHER_METHODS = ["opd", "dapo", "oc_grpo", "arpo", "aepo", "tree_grpo", "gigpo", "branpo", "gspo", "reinforce_pp", "eapo"]
+
+
+@pytest.mark.slow
+@SLOW
+@pytest.mark.parametrize("method", OTHER_METHODS)
+def test_every_other_method_trains_on_verl(study, method):
+    root, _ = study
+    # OPD distils from a teacher on GPUs of its own: here the SFT checkpoint, on one more fake GPU
+    teacher = [f"method.teacher={root / 'runs' / 'smoke' / 'tiny' / 'mix' / 'seed0' / 'sft' / 'final'}",
+               "verl.teacher_gpus=1", "verl.teacher_tensor_parallel=1"] if method == "opd" else []
+    start = time.monotonic()
+    train(study, method, *teacher)
+    lines = check_finished(run_dir(study, method), 2, rollouts=None)
+    print(f"{method} on verl: {time.monotonic() - start:.0f} s,", [(m["step"], m["rollouts"]) for m in lines])

@@ -41,12 +41,17 @@ def test_dry_run_prints_the_validated_verl_config(tmp_path):
     out = train(tmp_path, "verl.dry_run=true", "verl.nodes=2")
     assert out.returncode == 0, out.stderr
     assert "adv_estimator: cbpo_suite_credit" in out.stdout and "nnodes: 2" in out.stdout
+    # every Ray worker imports the suite's verl extensions (AEPO's policy loss), on any node
+    assert "VERL_USE_EXTERNAL_MODULES: baselines.aepo" in out.stdout
     assert [p.name for p in tmp_path.iterdir()] in ([], ["train.log"])  # Hydra's job log only: no run folder
 
 
-def test_sft_is_refused_on_the_verl_backend(tmp_path):
-    out = train(tmp_path, "stage=sft")
-    assert out.returncode != 0 and "backend=verl runs the RL stage" in out.stderr
+def test_sfts_dry_run_prints_verls_sft_trainer_config_with_the_suites_dataset(tmp_path):
+    out = train(tmp_path, "stage=sft", "verl.dry_run=true", "verl.gpus_per_node=4")
+    assert out.returncode == 0, out.stderr
+    for line in ("name: SuiteSFTDataset", "n_gpus_per_node: 4", "pad_mode: no_padding", "strategy: fsdp2"):
+        assert line in out.stdout, line
+    assert [p.name for p in tmp_path.iterdir()] in ([], ["train.log"])  # Hydra's job log only: no run folder
 
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
