@@ -114,6 +114,24 @@ def test_prefill_counts_add_up_prompts_sent_and_cached(fake_vllm, tokenizer):
     assert engine.prefill_counts() == {"prefill_tokens": 97, "prefill_cached_tokens": 32}
 
 
+def test_push_reloads_through_the_model_runner_then_drops_the_prefix_cache(fake_vllm, tokenizer):
+    calls = []
+
+    class PushLLM:
+        def collective_rpc(self, method, kwargs):
+            calls.append((method, list(kwargs["weights_iterator"])))
+
+        def reset_prefix_cache(self):
+            calls.append("reset")
+            return True
+
+    weight = torch.ones(2, requires_grad=True)
+    engine_with(PushLLM(), tokenizer).push_weights([("model.norm.weight", weight)])
+    (method, pairs), reset = calls
+    assert method == "reload_weights" and reset == "reset"  # not model.load_weights: vLLM's CPU build prepacks
+    assert [name for name, _ in pairs] == ["model.norm.weight"] and not pairs[0][1].requires_grad
+
+
 def test_all_zero_caps_call_nothing(fake_vllm, tokenizer):
     llm = RecordingLLM()
     samples = engine_with(llm, tokenizer).sample([[1], [2]], 0)
