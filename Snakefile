@@ -17,6 +17,7 @@ include: "workflow/rules/report.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/seeds.smk"
 include: "workflow/rules/cost.smk"
+include: "workflow/rules/doctor.smk"
 
 # Table 1 of the configured preset, model, data and seeds.
 rule table1:

@@ -1,4 +1,5 @@
-"""``python -m cbpo allocate|credit|reward|methods|sandbox`` — inspect a batch, list the methods or run the sandbox."""
+"""``python -m cbpo allocate|credit|reward|methods|sandbox|doctor`` — inspect a batch, list the methods, run the
+sandbox or check a study before launching it."""
 from __future__ import annotations
 
 import argparse
@@ -28,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         from cbpo.tools.sandbox import cli
 
         return cli(argv[1:])
+    if argv[:1] == ["doctor"]:
+        from cbpo.doctor import cli
+
+        return cli(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m cbpo", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     raw = argparse.RawDescriptionHelpFormatter
@@ -39,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("input", help="JSONL file, or - for stdin")
     p.add_argument("--config", default=None, help="JSON object of CBPOConfig overrides, e.g. '{\"eta\": 0}'")
     sub.add_parser("sandbox", help="run FILE.py in the Python sandbox (see --help there)")
+    sub.add_parser("doctor", help="check a study's data, models, search, judge, SLURM, disk and engines (see --help there)")
     p = sub.add_parser("reward", help="outcome reward (Eq. 12) of each {response, gold, domain} line of IN.jsonl")
     p.add_argument("input", help="JSONL file, or - for stdin")
     p = sub.add_parser("methods", help="the registered methods: name, paper, what is implemented, knobs")
