@@ -8,7 +8,7 @@ configfile: os.path.join(workflow.basedir, "workflow", "config.yaml")
 include: "workflow/rules/common.smk"
 
 # Cheap steps stay on the submitting machine under a cluster profile.
-localrules: all, ablations, data, table1, table2, table3, boundary, figures, fig2, fig4, fig5, curves, credit_lab, index, seeds, seeds_table1, seeds_credit_lab
+localrules: all, ablations, data, table1, table2, table3, boundary, figures, fig2, fig4, fig5, curves, credit_lab, index, site, seeds, seeds_table1, seeds_credit_lab
 
 include: "workflow/rules/prepare.smk"
 include: "workflow/rules/train.smk"
@@ -22,7 +22,7 @@ include: "workflow/rules/doctor.smk"
 # Table 1 of the configured preset, model, data and seeds.
 rule table1:
     input: study_summaries(RUNS)
-    output: multiext(f"{TABLES_DIR}/table1", ".md", ".csv", ".tex")
+    output: table_outputs("table1")
     log: f"logs/{STUDY}/table1.log"
     params:
         out=lambda w, output: output[0].removesuffix(".md"),
@@ -35,10 +35,11 @@ rule table1:
 # here: an included file's does not survive.
 STUDY_OUTPUTS = [*rules.table1.output, *rules.table2.output, *rules.table3.output, *rules.boundary.output, *rules.figures.input]
 include: "workflow/rules/index.smk"
+include: "workflow/rules/site.smk"
 
 rule all:
     default_target: True
-    input: rules.index.output
+    input: rules.index.output, rules.site.output
 
 rule ablations:
     input: rules.table2.output, rules.table3.output

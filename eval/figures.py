@@ -222,7 +222,7 @@ def fig2(run: Path, out: Path, label: str) -> None:
                    label=f"candidate window (w={w})" if i == 0 else None)
     for i, b in enumerate(row["chosen"]):
         ax.axvline(where[b], color="C3", ls="--", lw=1.2, label="chosen branch point" if i == 0 else None)
-    none = "" if row["chosen"] else " (no branch point chosen in any dumped step)"
+    none = "" if row["chosen"] else "\n(no branch point was chosen in any dumped step)"
     ax.set(xlabel="response token (model and observation)", ylabel="entropy (nats)",
            title=f"Entropy along a response: problem {row['problem']}, step {dump_step(path)}, parent {k + 1}{none}")
     ax.legend(fontsize="small", loc="upper right")

@@ -12,6 +12,13 @@ FIGURES = ["fig2", "fig5"] + ["curves"] * bool(METHODS) + ["fig4"] * bool(MATH_B
 FIGURE_PARAMS = dict(out=lambda w, output: output[0].removesuffix(".png"), label=LABEL)
 
 
+def figure_outputs(name, *suffixes):
+    """A figure's PNG, in `snakemake --report` with its caption (workflow/report/<name>.rst),
+    and its other files."""
+    png = report(f"{FIGURES_DIR}/{name}.png", caption=f"{ROOT}/workflow/report/{name}.rst", category="Figures")
+    return [png, *(f"{FIGURES_DIR}/{name}{suffix}" for suffix in suffixes)]
+
+
 def trained_runs(methods, seeds=None):
     """The finished training runs of ``methods``, for every seed (the configured ones unless ``seeds``)."""
     return [f"{d}/{m}/final/DONE.json" for d in keyed("runs/{key}", seeds) for m in methods]
@@ -56,35 +63,35 @@ rule evaluate_passk:
 
 rule fig2:
     input: trained_runs(["cbpo"])[0]
-    output: multiext(f"{FIGURES_DIR}/fig2", ".png", ".pdf")
+    output: figure_outputs("fig2", ".pdf")
     log: f"logs/{STUDY}/fig2.log"
     params: run=f"{RUN_DIRS[0]}/cbpo", **FIGURE_PARAMS
     shell: figure_command("fig2 --run {params.run:q}")
 
 rule fig4:
     input: lambda w: [f"{d}/{m}/{b}/{passk_summary()}" for d in SUMMARIES for m in FIG4_METHODS for b in MATH_BENCHMARKS]
-    output: multiext(f"{FIGURES_DIR}/fig4", ".png", ".pdf")
+    output: figure_outputs("fig4", ".pdf")
     log: f"logs/{STUDY}/fig4.log"
     params: summaries=SUMMARIES, file=lambda w: passk_summary(), methods=FIG4_METHODS, benchmarks=MATH_BENCHMARKS, **FIGURE_PARAMS
     shell: figure_command("fig4 --summaries {params.summaries:q} --summary-file {params.file:q} --methods {params.methods:q} --benchmarks {params.benchmarks:q}")
 
 rule fig5:
     input: trained_runs(FIG5_METHODS)
-    output: multiext(f"{FIGURES_DIR}/fig5", ".png", ".pdf")
+    output: figure_outputs("fig5", ".pdf")
     log: f"logs/{STUDY}/fig5.log"
     params: runs=RUN_DIRS, methods=FIG5_METHODS, **FIGURE_PARAMS
     shell: figure_command("fig5 --runs {params.runs:q} --methods {params.methods:q}")
 
 rule curves:
     input: trained_runs(METHODS)
-    output: multiext(f"{FIGURES_DIR}/curves", ".png", ".pdf")
+    output: figure_outputs("curves", ".pdf")
     log: f"logs/{STUDY}/curves.log"
     params: runs=RUN_DIRS, methods=METHODS, **FIGURE_PARAMS
     shell: figure_command("curves --runs {params.runs:q} --methods {params.methods:q}")
 
 rule credit_lab:  # where each Table 1 method's credit lands relative to the tasks' decisions
     input: trained_runs(METHODS), rules.data.output
-    output: multiext(f"{FIGURES_DIR}/credit_lab", ".png", ".pdf", ".md", ".csv")
+    output: figure_outputs("credit_lab", ".pdf", ".md", ".csv")
     log: f"logs/{STUDY}/credit_lab.log"
     params: runs=credit_lab_runs(), **FIGURE_PARAMS
     shell: CREDIT_LAB

@@ -4,6 +4,6 @@
 # the configured study (STUDY_OUTPUTS); `all` builds it last.
 rule index:
     input: STUDY_OUTPUTS
-    output: "results/index.md", "results/index.json"
+    output: report("results/index.md", caption=f"{ROOT}/workflow/report/index.rst", category="Provenance"), "results/index.json"
     log: "logs/index.log"
     shell: "{PYTHON:q} -m eval.index --tables results/tables --out results/index > {log:q} 2>&1"
