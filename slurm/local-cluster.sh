@@ -123,8 +123,10 @@ up() {
     wait_for 60 slurmdbd sacctmgr -n show cluster
     sacctmgr -n show cluster format=cluster | grep -qw "$CLUSTER" || sacctmgr -i add cluster "$CLUSTER" >/dev/null
     sacctmgr -n show account format=account | grep -qw cbpo || sacctmgr -i add account cbpo >/dev/null
-    sacctmgr -n show user format=user | grep -qw root || sacctmgr -i add user root account=cbpo DefaultAccount=cbpo >/dev/null
-    sacctmgr -i modify user root set DefaultAccount=cbpo >/dev/null 2>&1 || true
+    # root exists already (with account root): give it cbpo too, as its default
+    sacctmgr -n show assoc where user=root account=cbpo format=account | grep -qw cbpo \
+        || sacctmgr -i add user root account=cbpo >/dev/null
+    sacctmgr -i modify user where name=root set DefaultAccount=cbpo >/dev/null 2>&1 || true
     slurmctld
     slurmd
     wait_for 60 "the node" sh -c 'sinfo -h -o %T | grep -qE "^(idle|mixed|allocated)"'

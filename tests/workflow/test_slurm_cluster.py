@@ -1,0 +1,291 @@
+"""The SLURM profile on a real cluster (`slurm/local-cluster.sh up`: one node, accounting, 8
+fake GPUs): the smoke study submitted for real, with one RL job cancelled and one requeued
+mid-run; what SLURM granted each job, read back from `sacct`; every way SLURM ends a job seen
+as ended; a bad setting failing, not retried forever; Ray started inside an allocation."""
+import csv
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SNAKEMAKE = Path(sys.executable).with_name("snakemake")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+KEY = "smoke/tiny/mix/seed0"
+TABLE1 = "results/tables/smoke/tiny/mix/table1.csv"
+# The states Snakemake's SLURM plugin (2.6.1-2.8.0) reports as a failed job; any other non-
+# COMPLETED state it waits on.
+PLUGIN_FAILED = {"BOOT_FAIL", "CANCELLED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT", "ERROR"}
+
+
+# The account a user gives (the cluster's, slurm/local-cluster.sh), the profile's partition; the
+# plugin's 40 s default before each first status check would triple the study's time.
+SLURM_OPTIONS = ["--default-resources", "slurm_account=cbpo", "slurm_partition=gpu",
+                 "--slurm-init-seconds-before-status-checks", "5"]
+
+
+def _cluster_up() -> bool:
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+if not _cluster_up():
+    pytest.skip("no SLURM cluster (sinfo fails): `slurm/local-cluster.sh up` starts one", allow_module_level=True)
+
+
+def sacct(*args) -> list[list[str]]:
+    """The real sacct's rows (not slurm/bin's), parsable."""
+    out = subprocess.run(["sacct", "-X", "--parsable2", "-n", *args], capture_output=True, text=True, check=True)
+    return [line.split("|") for line in out.stdout.splitlines() if line]
+
+
+def job_of(workdir: Path, method: str) -> tuple[int, int] | None:
+    """(pid, SLURM job id) of the `cbpo.train` process training ``method`` in ``workdir``."""
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if argv[1:3] == [b"-m", b"cbpo.train"] and f"method={method}".encode() in argv \
+                    and Path(proc / "cwd").resolve() == workdir:
+                environ = dict(e.split(b"=", 1) for e in (proc / "environ").read_bytes().split(b"\0") if b"=" in e)
+                return int(proc.name), int(environ[b"SLURM_JOB_ID"])
+        except (OSError, IndexError, KeyError, ValueError):
+            continue
+    return None
+
+
+class Study:
+    """`snakemake --profile slurm table1 --config preset=smoke`, as typed from the repository
+    root; every output line kept with the time it arrived."""
+
+    def __init__(self, workdir: Path, *args):
+        self.workdir, self.lines = workdir, []
+        cmd = [str(SNAKEMAKE), "table1", "--profile", "slurm", "-d", str(workdir), "--config", "preset=smoke",
+               *SLURM_OPTIONS, *args]
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line))
+
+    def text(self) -> str:
+        return "".join(line for _, line in self.lines)
+
+    def first_line_after(self, since: float, needle: str) -> float | None:
+        return next((t for t, line in self.lines if t >= since and needle in line), None)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        self.reader.join(10)
+        return rc
+
+
+def interrupt_after_first_checkpoint(study: Study, method: str, action: list[str], deadline: float) -> dict:
+    """Once ``method``'s RL job has written its step-1 checkpoint, stop its trainer there (so
+    the interruption lands mid-run, before step 2) and apply ``action`` (`scancel` or
+    `scontrol requeue`) to its SLURM job."""
+    checkpoint = study.workdir / "runs" / KEY / method / "step_000001"
+    while time.monotonic() < deadline and study.proc.poll() is None:
+        found = job_of(study.workdir, method) if checkpoint.is_dir() else None
+        if found:
+            pid, jobid = found
+            os.kill(pid, signal.SIGSTOP)
+            subprocess.run([*action, str(jobid)], check=True)
+            return {"jobid": jobid, "at": time.monotonic()}
+        time.sleep(0.02)
+    raise AssertionError(f"{method}'s RL job never reached its first checkpoint:\n{study.text()[-4000:]}")
+
+
+@pytest.fixture(scope="module")
+def faulted_study(tmp_path_factory):
+    """The smoke study through the profile; GRPO's RL job cancelled and CBPO's requeued, each
+    right after its first checkpoint. Both RL jobs hold the node's 8 GPUs: one at a time."""
+    workdir = tmp_path_factory.mktemp("slurm study").resolve()
+    study = Study(workdir)
+    deadline = time.monotonic() + 1500
+    faults = {method: interrupt_after_first_checkpoint(study, method, action, deadline)
+              for method, action in (("grpo", ["scancel"]), ("cbpo", ["scontrol", "requeue"]))}
+    rc = study.wait(max(deadline - time.monotonic(), 1))
+    study.seconds = time.monotonic() - study.t0
+    assert rc == 0, study.text()[-6000:]
+    print(f"\nsmoke study through --profile slurm, with the two faults: {study.seconds:.0f} s", file=sys.stderr)
+    return study, faults
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_table1(faulted_study, tmp_path_factory):
+    """Table 1 with GRPO's and CBPO's RL jobs run again locally, uninterrupted, from the same
+    SFT checkpoint (a copy of the study without those runs, their evaluations and tables)."""
+    study, _ = faulted_study
+    workdir = tmp_path_factory.mktemp("uninterrupted") / "work"
+    shutil.copytree(study.workdir, workdir, symlinks=True, ignore=shutil.ignore_patterns(".snakemake"))
+    for method in ("grpo", "cbpo"):
+        shutil.rmtree(workdir / "runs" / KEY / method)
+        shutil.rmtree(workdir / "results" / "raw" / KEY / method)
+    shutil.rmtree(workdir / "results" / "tables")
+    cmd = [str(SNAKEMAKE), "table1", "-s", str(ROOT / "Snakefile"), "-d", str(workdir), "-c2", "--config", "preset=smoke"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=1500)
+    assert out.returncode == 0, out.stderr[-4000:]
+    jobs = out.stdout + out.stderr
+    assert "rule sft:" not in jobs and "rule rl:" in jobs, jobs[-4000:]  # the same SFT, RL trained afresh
+    return list(csv.DictReader((workdir / TABLE1).open()))
+
+
+def test_cancelled_rl_job_is_retried_and_resumes_from_its_checkpoint(faulted_study):
+    study, faults = faulted_study
+    cancelled = faults["grpo"]
+    states = {row[0]: row[1] for row in sacct("-j", str(cancelled["jobid"]), "-o", "JobIDRaw,State")}
+    assert states[str(cancelled["jobid"])].startswith("CANCELLED")
+    # Seen as ended (the plugin's error for that job) within a minute of the scancel...
+    seen = study.first_line_after(cancelled["at"], f"SLURM-job '{cancelled['jobid']}' failed")
+    assert seen is not None and seen - cancelled["at"] < 60, study.text()[-4000:]
+    # ... then retried by the profile (retries: 1), resuming from step 1, not step 0.
+    log = (study.workdir / "logs" / KEY / "grpo.log").read_text()
+    assert "step_000001 (step 1)" in log and "resuming from" in log, log[-2000:]
+    assert (study.workdir / "runs" / KEY / "grpo" / "final" / "DONE.json").is_file()
+
+
+def test_requeued_rl_job_runs_again_and_resumes_from_its_checkpoint(faulted_study):
+    study, faults = faulted_study
+    requeued = faults["cbpo"]
+    # SLURM ran the same job again (sacct --duplicates lists each run), and it completed.
+    runs = [row[1] for row in sacct("--duplicates", "-j", str(requeued["jobid"]), "-o", "JobIDRaw,State")]
+    assert runs[-1] == "COMPLETED" and len(runs) >= 2, runs
+    log = (study.workdir / "logs" / KEY / "cbpo.log").read_text()
+    assert "step_000001 (step 1)" in log and "resuming from" in log, log[-2000:]
+    steps = [json.loads(line)["step"] for line in (study.workdir / "runs" / KEY / "cbpo" / "metrics.jsonl").open()
+             if "reward" in json.loads(line)]
+    assert steps == sorted(set(steps)), steps  # each step recorded once across the two runs
+
+
+def test_interrupted_study_table1_equals_an_uninterrupted_run(faulted_study, uninterrupted_table1):
+    study, _ = faulted_study
+    faulted = list(csv.DictReader((study.workdir / TABLE1).open()))
+
+    def reproducible(table):  # not the budget's device-hours (<kind>-h): wall time, never equal twice
+        return {(c["row"], c["column"]): c["reproduced"] for c in table if not c["column"].endswith("-h")}
+
+    cells = reproducible(faulted)
+    assert cells == reproducible(uninterrupted_table1) and len(cells) >= 18
+
+
+def test_jobs_get_the_gpus_cpus_memory_time_partition_and_account_they_ask_for(faulted_study):
+    study, _ = faulted_study
+    uuid_line = next(line for _, line in study.lines if "SLURM run ID:" in line)
+    run_id = uuid_line.split("SLURM run ID:", 1)[1].split()[0]
+    granted = {}
+    for jobid, comment, partition, account, tres, limit, state in sacct(
+            "--name", run_id, "-o", "JobIDRaw,Comment,Partition,Account,AllocTRES,Timelimit,State"):
+        rule = comment.removeprefix("rule_").split("_wildcards")[0]
+        if state == "COMPLETED":
+            granted[rule] = (partition, account, dict(kv.split("=", 1) for kv in tres.split(",")), limit)
+    assert {"model", "sft", "rl", "evaluate"} <= set(granted), granted
+    for rule, (gpus, cpus, mem, limit) in {"sft": ("8", "64", "500G", "12:00:00"), "rl": ("8", "64", "500G", "2-00:00:00"),
+                                           "evaluate": ("1", "8", "62.50G", "04:00:00")}.items():
+        partition, account, tres, got_limit = granted[rule]
+        assert (partition, account) == ("gpu", "cbpo"), granted[rule]
+        assert (tres.get("gres/gpu"), tres["cpu"], tres["mem"], got_limit) == (gpus, cpus, mem, limit), granted[rule]
+
+
+def test_every_way_slurm_ends_a_job_is_seen_as_ended(tmp_path):
+    """Cancelled, failed, out of memory, timed out and preempted jobs: through the PATH the
+    workflow sets (slurm/bin's sacct first), the plugin's own status query reads each as a
+    failed state; the raw sacct shows why that is needed."""
+    from snakemake_executor_plugin_slurm.job_status_query import query_job_status, query_job_status_sacct
+
+    name = f"cbpo-faults-{uuid.uuid4().hex[:8]}"
+
+    def submit(*args) -> str:
+        cmd = ["sbatch", "--parsable", "-J", name, "-o", str(tmp_path / "%j.out"), *args]
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+
+    jobs = {
+        "cancelled": submit("--wrap", "sleep 300"),
+        "failed": submit("--wrap", "exit 3"),
+        "out of memory": submit("--mem=50", "--wrap", f"{sys.executable} -c 'x = bytearray(400 << 20); import time; time.sleep(60)'"),
+        "timed out": submit("-t", "1", "--wrap", "sleep 300"),
+        "preempted": submit("--gpus=8", "--mem=100", "--wrap", "sleep 300"),
+    }
+    deadline = time.monotonic() + 180
+    while {s for _, s in sacct("-j", jobs["preempted"], "-o", "JobIDRaw,State")} != {"RUNNING"}:
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    subprocess.run(["scancel", jobs["cancelled"]], check=True)
+    submit("-p", "urgent", "--gpus=8", "--mem=100", "--wrap", "true")  # needs the GPUs: preempts
+    ended = {"CANCELLED", "FAILED", "OUT_OF_MEMORY", "TIMEOUT", "PREEMPTED"}
+    while True:
+        raw = {jobid: state for jobid, state in sacct("-j", ",".join(jobs.values()), "-o", "JobIDRaw,State")}
+        if all(raw.get(j, "PENDING").split()[0] in ended for j in jobs.values()):
+            break
+        assert time.monotonic() < deadline, raw
+        time.sleep(1)
+    assert raw[jobs["cancelled"]].startswith("CANCELLED by ") and raw[jobs["preempted"]] == "PREEMPTED"
+    assert not {raw[jobs["cancelled"]], raw[jobs["preempted"]]} & PLUGIN_FAILED  # the plugin alone would wait on
+
+    path = os.pathsep.join([str(ROOT / "slurm" / "bin"), os.environ["PATH"]])
+    import asyncio
+    import logging
+    from unittest import mock
+
+    with mock.patch.dict(os.environ, {"PATH": path}):
+        states, _ = asyncio.run(query_job_status(query_job_status_sacct(name), logging.getLogger("test")))
+    assert {kind: states[j] in PLUGIN_FAILED for kind, j in jobs.items()} == dict.fromkeys(jobs, True), states
+
+
+def test_a_bad_setting_fails_with_its_log_not_retried_forever(faulted_study, tmp_path):
+    """An RL variant whose override only the job itself can reject: Snakemake stops with the
+    job's log path in its error, after the profile's one retry."""
+    study, _ = faulted_study
+    config = tmp_path / "bad.yaml"
+    config.write_text(json.dumps({"variants": {"bad-eta": {"method": "cbpo", "overrides": {"eta": "not-a-number"}}}}))
+    target = f"runs/{KEY}/bad-eta/final/DONE.json"
+    t0 = time.monotonic()
+    cmd = [str(SNAKEMAKE), target, "--profile", "slurm", "-d", str(study.workdir), "--config", "preset=smoke",
+           "--configfile", str(config), *SLURM_OPTIONS]
+    out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text[-4000:]
+    assert f"logs/{KEY}/bad-eta.log" in text, text[-4000:]
+    assert "could not be converted to Float" in (study.workdir / "logs" / KEY / "bad-eta.log").read_text()
+    run_id = text.split("SLURM run ID:", 1)[1].split()[0]
+    attempts = [state for _, comment, state in sacct("--name", run_id, "-o", "JobIDRaw,Comment,State") if "bad-eta" in comment]
+    assert attempts == ["FAILED", "FAILED"], attempts  # the first and the profile's one retry
+    assert time.monotonic() - t0 < 600
+
+
+def test_ray_starts_across_the_allocation_before_the_command(tmp_path):
+    """slurm/ray-on-slurm.sh in a one-node allocation, a trivial command in the trainer's place:
+    the command joins the Ray cluster the script started, which holds the allocation's GPUs."""
+    with socket.socket() as s:  # a free ephemeral port (>= 32768, clear of Ray's worker ports): other Ray clusters may run here
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os, ray\nray.init()\n"
+                     "print('RAY', os.environ['RAY_ADDRESS'], len(ray.nodes()), ray.cluster_resources()['GPU'])\n")
+    cmd = ["sbatch", "--parsable", "--wait", "-N1", "--ntasks-per-node=1", "--gpus-per-node=8", "--cpus-per-gpu=1",
+           "--mem=8000", "-t", "10", "-o", str(tmp_path / "ray.out"),
+           # no token: a shared machine's ~/.ray/auth_token may be rewritten by others meanwhile
+           f"--export=ALL,RAY_PYTHON={sys.executable},RAY_PORT={port},RAY_AUTH_MODE=disabled",
+           "--wrap", f"{ROOT}/slurm/ray-on-slurm.sh {sys.executable} {probe}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    log = (tmp_path / "ray.out").read_text()
+    assert out.returncode == 0, log[-4000:]
+    (line,) = [line for line in log.splitlines() if line.startswith("RAY ")]
+    assert line.split()[2:] == ["1", "8.0"] and line.split()[1].endswith(f":{port}"), line
