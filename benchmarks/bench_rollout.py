@@ -5,6 +5,15 @@ problem's branches join it once its own parents are done). Each repeat runs GRPO
 from the same seed; the medians over repeats and their ratios are printed, with the load
 average, since wall time on a shared machine is noisy.
 
+``--engine vllm`` samples with vLLM (its CPU build without a GPU) and also prints the prompt
+tokens each method prefilled and how many of them vLLM computed rather than served from its
+prefix cache (a branch's prefix is its parent's, already cached); the cache is emptied before
+every run, so no run reuses another's blocks. vLLM is seeded once, at start: its repeats draw
+different samples.
+
+    OMP_NUM_THREADS=2 .venv-engines/bin/python benchmarks/bench_rollout.py --engine vllm \
+        --checkpoint runs/tiny/tiny/forks/seed0/sft/final --tasks arith_fork search_fork
+
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_rollout.py \
         --checkpoint runs/tiny/tiny/forks/seed0/sft/final --tasks arith_fork search_fork
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_rollout.py --checkpoint models/smollm2-135m
@@ -33,24 +42,49 @@ from cbpo.registry import get_method
 from cbpo.rollout.agent import AgentConfig, run_agent
 from cbpo.rollout.engine import HFEngine
 from cbpo.tools import build_tools
+from cbpo.trainer import prefill_counts
 
 
 def measure(method, prompts, engine, tokenizer, tools, agent_cfg):
     def sample(trajs, follow_up=None):
         return run_agent(engine, tokenizer, trajs, tools, agent_cfg, follow_up)
 
+    before = prefill_counts(engine)
     t0 = time.perf_counter()
     with torch.no_grad():
         groups = method.collect(prompts, sample)
     wall = time.perf_counter() - t0
+    after = prefill_counts(engine)
     flat = [t for g in groups for t in g]
+    prefill = {}
+    if after:
+        prefill["prefill"] = after["prefill_tokens"] - before["prefill_tokens"]
+        prefill["prefill_computed"] = prefill["prefill"] - (after["prefill_cached_tokens"] - before["prefill_cached_tokens"])
     return {
         "rollouts": len(flat),
         "tokens": sum(t.generated_tokens for t in flat),
         "tool_calls": sum(t.tool_calls - t.copied_tool_calls for t in flat),
         "branches": sum(t.kind == "branch" for t in flat),
+        **prefill,
         "seconds": wall,
     }
+
+
+def build_engine(name: str, checkpoint: Path, model, tokenizer):
+    if name == "hf":
+        return HFEngine(model, tokenizer, top_k_entropy=10, temperature=1.0)
+    from cbpo.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine(str(checkpoint), tokenizer, top_k_entropy=10, temperature=1.0, seed=0,
+                      llm_kwargs={"dtype": str(model.dtype).removeprefix("torch.")})
+
+
+def start_run(engine, rep: int) -> None:
+    """The same starting point for every method: HF's seed, or vLLM's empty prefix cache."""
+    if hasattr(engine, "reset_prefix_cache"):
+        engine.reset_prefix_cache()
+    else:
+        engine.generator.manual_seed(rep)
 
 
 def main() -> None:
@@ -60,6 +94,7 @@ def main() -> None:
     ap.add_argument("--tasks", nargs="+", default=["arith", "twohop"])
     ap.add_argument("--problems", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="rollout engine (vllm: also prefill tokens)")
     # One thread on a loaded machine: two threads there wait on each other (2-20x slower).
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -91,25 +126,27 @@ def main() -> None:
         runs = {name: [] for name in methods}
         load = os.getloadavg()[0]
         # One engine, as in training: its one-off set-up (the stop-string table) stays out of the timings.
-        engine = HFEngine(model, tokenizer, top_k_entropy=10, temperature=1.0)
+        engine = build_engine(args.engine, ckpt, model, tokenizer)
         # Untimed: the first batch pays for allocator and kernel warm-up, which went to GRPO's first repeat.
         measure(methods["grpo"], prompts[:1], engine, tokenizer, tools, agent_cfg)
         for rep in range(args.repeats):
             for name, method in methods.items():
-                engine.generator.manual_seed(rep)
+                start_run(engine, rep)
                 runs[name].append(measure(method, prompts, engine, tokenizer, tools, agent_cfg))
                 r = runs[name][-1]
                 print(f"repeat {rep} {name}: generated tokens {r['tokens']}, wall {r['seconds']:.2f} s", flush=True)
-    print(f"checkpoint: {args.checkpoint or 'fresh tiny model'}; tasks {' '.join(args.tasks)}; {args.problems} problems x 16 slots, median of "
-          f"{args.repeats} repeats; {torch.get_num_threads()} threads; load average {load:.2f} before, "
-          f"{os.getloadavg()[0]:.2f} after")
+    print(f"checkpoint: {args.checkpoint or 'fresh tiny model'}; engine {args.engine}; tasks {' '.join(args.tasks)}; "
+          f"{args.problems} problems x 16 slots, median of {args.repeats} repeats; {torch.get_num_threads()} threads; "
+          f"load average {load:.2f} before, {os.getloadavg()[0]:.2f} after")
     med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
     for name, t in med.items():
+        prefill = f", prompt tokens {t['prefill']:.0f} (computed, not cached: {t['prefill_computed']:.0f})" if "prefill" in t else ""
         print(f"{name}: rollouts {t['rollouts']:.0f}, branches {t['branches']:.0f}, generated tokens {t['tokens']:.0f}, "
-              f"tool calls {t['tool_calls']:.0f}, wall {t['seconds']:.2f} s, {t['tokens'] / t['seconds']:.0f} tok/s")
+              f"tool calls {t['tool_calls']:.0f}{prefill}, wall {t['seconds']:.2f} s, {t['tokens'] / t['seconds']:.0f} tok/s")
     g, c = med["grpo"], med["cbpo"]
     ratios = [cr["seconds"] / gr["seconds"] for gr, cr in zip(runs["grpo"], runs["cbpo"])]
-    print(f"CBPO / GRPO: generated tokens {c['tokens'] / g['tokens']:.3f}, wall time {c['seconds'] / g['seconds']:.3f} "
+    prefill = f", prefill computed {c['prefill_computed'] / g['prefill_computed']:.3f}" if "prefill" in g else ""
+    print(f"CBPO / GRPO: generated tokens {c['tokens'] / g['tokens']:.3f}{prefill}, wall time {c['seconds'] / g['seconds']:.3f} "
           f"(per repeat: {', '.join(f'{x:.3f}' for x in ratios)})")
 
 
