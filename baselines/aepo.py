@@ -31,13 +31,12 @@ baselines.aepo`` (verl imports it at ``import verl``) or the package's ``verl.pl
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import torch
-from verl.trainer.ppo import core_algos
-from verl.utils import torch_functional as verl_F
 
 from baselines._tree import fill_to_budget, fresh, step_starts
 from baselines.arpo import check_branching, entropy_branching, step_entropy
@@ -46,6 +45,14 @@ from cbpo.objective import ObjectiveConfig
 from cbpo.registry import Sampler, TokenCredit, broadcast, register_method
 from cbpo.rollout.agent import Job, run_jobs
 from cbpo.trajectory import Trajectory
+
+# verl's first import calls logging.basicConfig: a program that only looks methods up in the
+# registry (the Snakemake DAG) would print each of its own log records twice
+_root_handlers = logging.root.handlers[:]
+from verl.trainer.ppo import core_algos  # noqa: E402
+from verl.utils import torch_functional as verl_F  # noqa: E402
+
+logging.root.handlers[:] = _root_handlers
 
 
 ENTROPY_BALANCED_CLIP = "aepo_entropy_balanced_clip"  # the verl policy-loss name

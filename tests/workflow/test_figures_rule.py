@@ -109,7 +109,7 @@ def test_paper_preset_uses_its_own_five_sample_evaluations(tmp_path):
 def test_fork_tasks_add_the_credit_lab_over_every_table1_run_and_seed(tmp_path):
     shells, counts = plan(tmp_path, "--config", "preset=smoke", "data=forks", "seeds=[0,1]")
     (lab,) = module_calls(shells, "eval.credit_lab")
-    assert option(lab, "--runs") == [f"runs/smoke/tiny/forks/seed{s}/{m}" for s in (0, 1) for m in ("grpo", "cbpo")]
+    assert option(lab, "--runs") == [f"runs/smoke/tiny/forks/seed{s}/{m}" for s in (0, 1) for m in ("grpo", "gigpo", "arpo", "cbpo")]
     assert option(lab, "--out") == ["results/figures/smoke/tiny/forks/credit_lab"]
     # The data step writes the fork tasks beside the two the scratch tokenizer learns from.
     (data,) = [w for w in shells if "cbpo.prepare" in w and "target=data" in w and "data=forks" in w]
@@ -132,9 +132,9 @@ def test_the_seeds_target_is_table1_and_the_credit_lab_over_the_study_seeds(tmp_
     # study_seeds (0-4), not the configured seeds ([0]): five SFT and ten RL runs.
     trained = {(setting(w, "stage"), setting(w, "method") if "stage=rl" in w else "", setting(w, "seed"))
                for w in module_calls(shells, "cbpo.train")}
-    assert trained == {("sft", "", s) for s in "01234"} | {("rl", m, s) for m in ("grpo", "cbpo") for s in "01234"}
+    assert trained == {("sft", "", s) for s in "01234"} | {("rl", m, s) for m in ("grpo", "gigpo", "arpo", "cbpo") for s in "01234"}
     (report,) = module_calls(shells, "eval.report")
     assert option(report, "--summaries") == [f"results/raw/smoke/tiny/forks/seed{s}" for s in range(5)]
     assert option(report, "--out") == ["results/tables/smoke/tiny/forks/seeds/table1"]
     (lab,) = module_calls(shells, "eval.credit_lab")
-    assert len(option(lab, "--runs")) == 10
+    assert len(option(lab, "--runs")) == 20  # 4 Table 1 methods x 5 seeds

@@ -71,7 +71,8 @@ def test_the_paper_command_plans_every_job_with_the_fetch_first(tmp_path):
     assert "assumed, not measured on a GPU" in cost[0]
     rows = {line.split()[0]: line.split() for line in cost[2:6]}
     assert rows["sft"][1:4] == ["1", "8", "96.0"]  # 8 GPUs x 720 min
-    assert rows["rl"][1:4] == ["11", "8", str(11 * 8 * 48.0)]  # 8 GPUs x 2880 min each
+    # 8 GPUs x 2880 min each; the paper preset trains on verl, where OPD's teacher holds 8 more
+    assert rows["rl"][1:4] == ["11", "8-16", str((10 * 8 + 16) * 48.0)]
     assert rows["evaluate"][1:4] == ["70", "1", "280.0"]
     assert "180 s/step x 200 steps (assumed)" in " ".join(rows["rl"])
 

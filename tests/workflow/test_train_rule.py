@@ -37,7 +37,7 @@ def submit(tmp_path, *config) -> tuple[list[str], str]:
         (work / path).touch()
         os.utime(work / path, (time.time() + i, time.time() + i))
     cmd = [str(SNAKEMAKE), f"{KEY}/cbpo/final/DONE.json", "--profile", "slurm", "-d", str(work), "--retries", "0",
-           "-p", "--slurm-init-seconds-before-status-checks", "1", "--config", "preset=smoke", *config,
+           "-p", "--slurm-init-seconds-before-status-checks", "1", "--config", "preset=smoke", "preflight=false", *config,
            "--default-resources", "slurm_account=acct"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     (line,) = (tmp_path / "sbatch.log").read_text().splitlines() or [out.stderr[-4000:]]

@@ -18,8 +18,9 @@ rule sft:
     benchmark: f"results/benchmarks/{KEY}/sft.tsv"
     threads: 2  # runs alone in the CPU demo
     resources: **resources("sft")
-    params: data_root=DATA_ROOT
-    shell: command("cbpo.train stage=sft", JOB)
+    # on verl: torchrun over the job's GPUs on one node (cbpo/backends/verl/sft.py)
+    params: data_root=DATA_ROOT, backend=backend_args()
+    shell: command("cbpo.train stage=sft {params.backend:q}", JOB)
 
 rule teacher:  # OPD's teacher where the preset names none: the SFT recipe run longer
     input: rules.sft.input
@@ -32,13 +33,14 @@ rule teacher:  # OPD's teacher where the preset names none: the SFT recipe run l
         data_root=DATA_ROOT,
         init=lambda w: f"init=runs/{KEY.format(**w)}/teacher/final",
         steps=lambda w: f"sft.steps={preset_sft_steps() * config['teacher_sft_factor']}",
-    shell: command("cbpo.train stage=sft {params.init:q} {params.steps:q}", JOB)
+        backend=backend_args(),
+    shell: command("cbpo.train stage=sft {params.init:q} {params.steps:q} {params.backend:q}", JOB)
 
 
 def rl_nodes():
     """The nodes of an rl job: on verl `verl_nodes` (workflow/config.yaml), else the Hydra
     config's verl.nodes; the trainer gets the same number."""
-    if config["backend"] != "verl":
+    if BACKEND != "verl":
         return 1
     return config["verl_nodes"] or composed().verl.nodes
 
@@ -49,7 +51,7 @@ def rl_gpus(wildcards):
     from cbpo.backends.verl.config import DISTILLED
 
     gpus = resources("rl").get("gpu", 0) * rl_nodes()
-    if config["backend"] == "verl" and method_of(wildcards.trained) in DISTILLED:
+    if BACKEND == "verl" and method_of(wildcards.trained) in DISTILLED:
         gpus += composed().verl.teacher_gpus
     return gpus
 
@@ -80,9 +82,9 @@ rule rl:
     # A variant names its run folder (variant=) and carries its overrides.
     params:
         data_root=DATA_ROOT,
-        backend=[] if config["backend"] == "local" else [f"backend={config['backend']}", f"verl.nodes={rl_nodes()}"],
+        backend=backend_args(rl_nodes()),
         # verl trains on a Ray cluster: started across the job's allocation under SLURM
-        launch=[] if config["backend"] == "local" else [f"{ROOT}/slurm/ray-on-slurm.sh"],
+        launch=[] if BACKEND == "local" else [f"{ROOT}/slurm/ray-on-slurm.sh"],
         method=lambda w: method_of(w.trained),
         variant=lambda w: [f"variant={w.trained}", *overrides_of(w.trained)] if w.trained in VARIANTS else [],
         # the teacher path is a method.* override: variant= keeps it from renaming the run
