@@ -53,7 +53,9 @@ def test_every_method_trains_with_the_shared_slots(name, tokenizer, tiny_causal_
         assert r["rollouts"] == SLOTS * trained, r
         assert sum(r[k] for k in r if k.startswith("n_")) == r["rollouts"]
         if name == "dapo":  # every draw beyond the kept groups is counted, never hidden
-            assert r["rollouts"] + r["extra_rollouts"] == SLOTS * cfg.problems_per_step * r["gen_batches"]
+            # a problem offered twice in a step (4 rows, 6 offered) is drawn once, so a batch may be short
+            drawn = r["rollouts"] + r["extra_rollouts"]
+            assert drawn % SLOTS == 0 and SLOTS * r["gen_batches"] <= drawn <= SLOTS * cfg.problems_per_step * r["gen_batches"]
         assert r["generated_tokens"] > 0 and r["loss"] == r["loss"]  # finite
     if name == "dapo":
         assert sum(r["extra_rollouts"] for r in records) > 0

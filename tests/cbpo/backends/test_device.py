@@ -101,7 +101,7 @@ def test_hf_rollouts_sample_on_the_policys_device(model, tokenizer):
 
 
 class FakeLLM:
-    """``vllm.LLM`` as the trainer uses it: generate, apply_model, reset_prefix_cache."""
+    """``vllm.LLM`` as the trainer uses it: generate, collective_rpc("reload_weights"), reset_prefix_cache."""
 
     instances = []
 
@@ -114,16 +114,18 @@ class FakeLLM:
         outs = []
         for p in params:  # each prompt ends at once with EOS (stop_reason None)
             eos = self.kwargs["eos"]
-            outs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(
+            outs.append(types.SimpleNamespace(num_cached_tokens=0, outputs=[types.SimpleNamespace(
                 token_ids=[eos], logprobs=[{eos: types.SimpleNamespace(logprob=-0.5)}], finish_reason="stop", stop_reason=None)]))
         return outs
 
-    def apply_model(self, fn):
+    def collective_rpc(self, method, kwargs):
+        assert method == "reload_weights"
         self.events.append("push")
-        fn(types.SimpleNamespace(load_weights=lambda weights: setattr(self, "weights", dict(weights))))
+        self.weights = dict(kwargs["weights_iterator"])
 
     def reset_prefix_cache(self):
         self.events.append("reset")
+        return True
 
 
 def test_vllm_rollouts_get_the_policys_weights_after_every_update(model, tokenizer, tmp_path, monkeypatch):
