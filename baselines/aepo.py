@@ -20,23 +20,22 @@ its ``compute_policy_loss_entropy_balanced_clipping``, read through a fork). Imp
   standardised over all loss tokens of the batch (polarity-independent, unlike EAPO). AEPO's code
   takes 1 + 0.2 z unclipped, z over each micro-batch's tokens from the actor's full-vocabulary
   entropy; here the engine's top-K entropy over the step's batch;
-- entropy clipping-balanced update (``ENTROPY_BALANCED_CLIP``, a verl policy loss registered
-  here): PPO's upper clip keeps its value but not its stop-gradient, r sg((1 + eps_high) / r) in
+- entropy clipping-balanced update (``ENTROPY_BALANCED_CLIP``, a verl policy loss,
+  :mod:`baselines.aepo_loss`): PPO's upper clip keeps its value but not its stop-gradient, r sg((1 + eps_high) / r) in
   place of 1 + eps_high, so a token whose ratio passed the bound (typically a high-entropy one)
   still passes gradient (1 + eps_high) A grad log pi; the lower clip and dual-clip are vanilla's.
   As in AEPO's code the bound applies to every token, not only to high-entropy ones.
   Clip bounds 0.2 / 0.28 [APPROX]: AEPO's script values were not read.
-On verl the loss must be registered in verl's worker processes: ``VERL_USE_EXTERNAL_MODULES=
-baselines.aepo`` (verl imports it at ``import verl``) or the package's ``verl.plugins`` entry point.
+The loss is registered with verl by :mod:`baselines.aepo_loss` (imported when AEPO is built); in
+verl's worker processes by ``VERL_USE_EXTERNAL_MODULES=baselines.aepo_loss`` (verl imports it at
+``import verl``, cbpo/backends/verl/launch.py sets it).
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
-import torch
 
 from baselines._tree import fill_to_budget, fresh, step_starts
 from baselines.arpo import check_branching, entropy_branching, step_entropy
@@ -46,44 +45,9 @@ from cbpo.registry import Sampler, TokenCredit, broadcast, register_method
 from cbpo.rollout.agent import Job, run_jobs
 from cbpo.trajectory import Trajectory
 
-# verl's first import calls logging.basicConfig: a program that only looks methods up in the
-# registry (the Snakemake DAG) would print each of its own log records twice
-_root_handlers = logging.root.handlers[:]
-from verl.trainer.ppo import core_algos  # noqa: E402
-from verl.utils import torch_functional as verl_F  # noqa: E402
-
-logging.root.handlers[:] = _root_handlers
-
-
+# The update's verl policy loss (baselines/aepo_loss.py) is imported where AEPO is built: that
+# module imports verl (~5 s), and every `snakemake` plan imports this one for the registry.
 ENTROPY_BALANCED_CLIP = "aepo_entropy_balanced_clip"  # the verl policy-loss name
-
-
-@core_algos.register_policy_loss(ENTROPY_BALANCED_CLIP)
-def entropy_balanced_clip_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
-                               response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", config=None,
-                               rollout_is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
-    """verl's vanilla PPO loss (same value, dual-clip included) with a gradient-preserving upper
-    clip: above 1 + eps_high the ratio becomes r * sg((1 + eps_high) / r)."""
-    eps = config.clip_ratio
-    low = eps if config.clip_ratio_low is None else config.clip_ratio_low
-    high = eps if config.clip_ratio_high is None else config.clip_ratio_high
-    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # as vanilla
-    ratio = torch.exp(log_ratio)
-    bounded = torch.where(ratio > 1 + high, ratio * ((1 + high) / ratio).detach(), torch.clamp(ratio, min=1 - low))
-    unclipped, clipped = -advantages * ratio, -advantages * bounded
-    surrogate = torch.maximum(unclipped, clipped)
-    dual = torch.minimum(surrogate, -advantages * config.clip_ratio_c)
-    losses = torch.where(advantages < 0, dual, surrogate)
-    if rollout_is_weights is not None:
-        losses = losses * rollout_is_weights
-    loss = core_algos.agg_loss(loss_mat=losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode,
-                               **config.global_batch_info)
-    metrics = {
-        "actor/pg_clipfrac": verl_F.masked_mean((clipped > unclipped).float(), response_mask).item(),
-        "actor/ppo_kl": verl_F.masked_mean(-log_ratio, response_mask).item(),
-        "actor/pg_clipfrac_lower": verl_F.masked_mean(((surrogate > dual) & (advantages < 0)).float(), response_mask).item(),
-    }
-    return loss, metrics
 
 
 @dataclass(frozen=True)
@@ -151,6 +115,8 @@ class AEPO:
     config = AEPOConfig
 
     def __init__(self, vocab_size: int, **overrides: Any):
+        import baselines.aepo_loss  # noqa: F401  registers ENTROPY_BALANCED_CLIP with verl
+
         self.cfg = AEPOConfig.from_overrides(overrides)
         self.vocab_size = vocab_size
         self.rng = np.random.default_rng(self.cfg.seed)

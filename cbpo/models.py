@@ -26,13 +26,9 @@ from typing import Iterable
 
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PreTrainedTokenizerFast,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-)
+
+# transformers' model classes are imported where a model is built or loaded: importing them
+# costs ~5 s, and every `snakemake` plan imports this module for MODELS alone.
 
 from cbpo.chat import (
     BOS_TOKEN,
@@ -108,7 +104,7 @@ _FRAME_EVERY = 16
 NUMBER_CHUNKS = tuple(f"{n:0{width}d}" for width in (1, 2, 3) for n in range(10**width))
 
 
-def train_tokenizer(texts: Iterable[str], bpe_vocab: int = 1024) -> PreTrainedTokenizerFast:
+def train_tokenizer(texts: Iterable[str], bpe_vocab: int = 1024):
     """Byte-level BPE over ``texts`` with atomic ChatML/tool tags and numbers in chunks of up
     to three digits, split left to right (as the cl100k and Llama 3 tokenizers do).
 
@@ -141,6 +137,8 @@ def train_tokenizer(texts: Iterable[str], bpe_vocab: int = 1024) -> PreTrainedTo
         raise ValueError("tokenizer corpus is empty: pass the tasks' questions and SFT traces")
     # Not "special": decode(skip_special_tokens=True) must keep the tags in the text.
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in (*tag_tokens(), *NUMBER_CHUNKS)])
+    from transformers import PreTrainedTokenizerFast
+
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS_TOKEN,
@@ -176,7 +174,9 @@ def prepare_tokenizer(model, tokenizer) -> int:
 
 # --------------------------------------------------------------------------- preparation
 
-def build_scratch_model(spec: ModelSpec, tokenizer, seed: int = 0) -> Qwen3ForCausalLM:
+def build_scratch_model(spec: ModelSpec, tokenizer, seed: int = 0):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
     config = Qwen3Config(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
@@ -207,6 +207,8 @@ def smollm2_gguf() -> Path:
 
 
 def _convert_smollm2():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     gguf = smollm2_gguf()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(
@@ -295,6 +297,8 @@ def _source(path_or_id: str | Path) -> str | Path:
 def load_model(path_or_id: str | Path, dtype: torch.dtype = torch.float32):
     """``(model, tokenizer)`` from a prepared checkpoint, a hub model's card or a hub id; the
     tool tags and a distinct pad token are ensured (a no-op for prepared checkpoints)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     source = _source(path_or_id)
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)

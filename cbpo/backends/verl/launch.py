@@ -27,7 +27,7 @@ from cbpo.schema import method_config, settings
 
 # The suite's own extensions of verl (a registered policy loss): verl imports these modules in
 # every process that imports it (VERL_USE_EXTERNAL_MODULES), Ray's workers on every node included.
-VERL_MODULES = ("baselines.aepo",)
+VERL_MODULES = ("baselines.aepo_loss",)
 CPU_MODULE = "cbpo.backends.verl.cpu"
 
 

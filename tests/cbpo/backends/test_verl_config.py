@@ -214,6 +214,6 @@ def test_aepos_loss_is_registered_in_a_process_that_imports_verl_with_the_suites
 
     code = "import verl; from verl.trainer.ppo.core_algos import get_policy_loss_fn; print(get_policy_loss_fn('aepo_entropy_balanced_clip').__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "VERL_USE_EXTERNAL_MODULES": "baselines.aepo"}, cwd=CONFIGS.parent)
+                         env={**os.environ, "VERL_USE_EXTERNAL_MODULES": "baselines.aepo_loss"}, cwd=CONFIGS.parent)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == "entropy_balanced_clip_loss"

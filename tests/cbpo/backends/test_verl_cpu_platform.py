@@ -69,4 +69,4 @@ def test_on_a_gpu_the_launch_never_imports_the_shim(tmp_path):
         print("shim" if "cbpo.backends.verl.cpu" in sys.modules else "no-shim", os.environ["VERL_USE_EXTERNAL_MODULES"])
     """)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-2:] == ["no-shim", "baselines.aepo"]
+    assert done.stdout.split()[-2:] == ["no-shim", "baselines.aepo_loss"]

@@ -42,7 +42,7 @@ def test_dry_run_prints_the_validated_verl_config(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "adv_estimator: cbpo_suite_credit" in out.stdout and "nnodes: 2" in out.stdout
     # every Ray worker imports the suite's verl extensions (AEPO's policy loss), on any node
-    assert "VERL_USE_EXTERNAL_MODULES: baselines.aepo" in out.stdout
+    assert "VERL_USE_EXTERNAL_MODULES: baselines.aepo_loss" in out.stdout
     assert [p.name for p in tmp_path.iterdir()] in ([], ["train.log"])  # Hydra's job log only: no run folder
 
 
