@@ -41,10 +41,10 @@ def test_dag_writes_table1_beside_the_paper(dag_dir):
     for c in cells:
         if c["column"] in ("Arith", "TwoHop"):
             assert 0.0 <= float(c["reproduced"]) <= 100.0 and c["seeds"] == "0" and c["summaries"].endswith("summary.json")
-    # Each domain average sits beside the paper's (Qwen3-1.7B) with the difference.
+    # The toy benchmarks are not the paper's: no cell, domain averages included, sits beside a paper number.
     (cbpo_math,) = [c for c in cells if c["row"] == "CBPO" and c["column"] == "Math Avg."]
-    assert float(cbpo_math["paper"]) == 66.0
-    assert float(cbpo_math["difference"]) == pytest.approx(float(cbpo_math["reproduced"]) - 66.0, abs=0.11)
+    assert 0.0 <= float(cbpo_math["reproduced"]) <= 100.0
+    assert all(c["paper"] == "" and c["difference"] == "" for c in cells)
     # The smoke preset dumps CBPO's rollouts with its annotations.
     dump = [json.loads(line) for line in (dag_dir / "runs" / "smoke" / "tiny" / "mix" / "seed0" / "cbpo" / "rollouts" / "step_000001.jsonl").open()]
     assert {"text", "model_mask", "entropy", "advantage", "loss_mask", "reward"} <= set(dump[0])

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import transformers
 import torch
 
 from cbpo import fetch, models
@@ -75,7 +76,7 @@ def hub(tmp_path, monkeypatch):
     qwen = fake.repo("Qwen/Qwen3-1.7B", "model")
     tokenizer = models.train_tokenizer(["What is 12 * 7?", SFT_ROWS[0]["output"]] * 20, bpe_vocab=300)
     torch.manual_seed(0)
-    model = models.Qwen3ForCausalLM(models.Qwen3Config(
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=1, head_dim=8, pad_token_id=tokenizer.pad_token_id))
     model.save_pretrained(qwen)  # the hub layout: config.json, model.safetensors, generation_config.json

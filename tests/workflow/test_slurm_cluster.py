@@ -100,20 +100,24 @@ class Study:
         return rc
 
 
-def interrupt_after_first_checkpoint(study: Study, method: str, action: list[str], deadline: float) -> dict:
-    """Once ``method``'s RL job has written its step-1 checkpoint, stop its trainer there (so
-    the interruption lands mid-run, before step 2) and apply ``action`` (`scancel` or
-    `scontrol requeue`) to its SLURM job."""
-    checkpoint = study.workdir / "runs" / KEY / method / "step_000001"
-    while time.monotonic() < deadline and study.proc.poll() is None:
-        found = job_of(study.workdir, method) if checkpoint.is_dir() else None
-        if found:
-            pid, jobid = found
-            os.kill(pid, signal.SIGSTOP)
-            subprocess.run([*action, str(jobid)], check=True)
-            return {"jobid": jobid, "at": time.monotonic()}
+def interrupt_after_first_checkpoint(study: Study, actions: dict[str, list[str]], deadline: float) -> dict:
+    """Once each method's RL job has written its step-1 checkpoint, stop its trainer there (so
+    the interruption lands mid-run, before step 2) and apply its action (`scancel` or
+    `scontrol requeue`) to its SLURM job. Both are watched at once: Snakemake picks their order."""
+    faults = {}
+    while time.monotonic() < deadline and study.proc.poll() is None and len(faults) < len(actions):
+        for method, action in actions.items():
+            checkpoint = study.workdir / "runs" / KEY / method / "step_000001"
+            found = job_of(study.workdir, method) if method not in faults and checkpoint.is_dir() else None
+            if found:
+                pid, jobid = found
+                os.kill(pid, signal.SIGSTOP)
+                subprocess.run([*action, str(jobid)], check=True)
+                faults[method] = {"jobid": jobid, "at": time.monotonic()}
         time.sleep(0.02)
-    raise AssertionError(f"{method}'s RL job never reached its first checkpoint:\n{study.text()[-4000:]}")
+    missing = set(actions) - set(faults)
+    assert not missing, f"{sorted(missing)}: RL job never reached its first checkpoint:\n{study.text()[-4000:]}"
+    return faults
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +127,7 @@ def faulted_study(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("slurm study").resolve()
     study = Study(workdir)
     deadline = time.monotonic() + 1500
-    faults = {method: interrupt_after_first_checkpoint(study, method, action, deadline)
-              for method, action in (("grpo", ["scancel"]), ("cbpo", ["scontrol", "requeue"]))}
+    faults = interrupt_after_first_checkpoint(study, {"grpo": ["scancel"], "cbpo": ["scontrol", "requeue"]}, deadline)
     rc = study.wait(max(deadline - time.monotonic(), 1))
     study.seconds = time.monotonic() - study.t0
     assert rc == 0, study.text()[-6000:]
