@@ -84,6 +84,9 @@ class EvaluationConfig:
     limit: int | None  # first N problems of a benchmark; None: all
     temperature: float  # 0: greedy
     engine: str  # hf (transformers on the run's device) | vllm (eval/run.py's make_engine)
+    # A task with decisions (cbpo.tasks.forks): the winning choice forced at its first N
+    # decisions, a diagnostic of what the policy can finish (0: an ordinary evaluation).
+    forced: int
 
     def __post_init__(self) -> None:
         if self.engine not in ("hf", "vllm"):
@@ -91,6 +94,8 @@ class EvaluationConfig:
         for name in ("n_samples", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.forced < 0:
+            raise ValueError(f"forced must be >= 0, got {self.forced}")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be null or >= 1, got {self.limit}")
         if not self.temperature >= 0:

@@ -1,5 +1,5 @@
-"""Credit lab (issue #14): where each method's token credit lands relative to the known
-decisions of the fork tasks (``cbpo.tasks.forks``), read from its rollout dumps.
+"""Credit lab (issues #14, #25): where each method's token credit lands relative to the known
+decisions of the fork and chain tasks (``cbpo.tasks.forks``), read from its rollout dumps.
 
     python -m eval.credit_lab --runs runs/S/seed0/grpo runs/S/seed0/cbpo --out results/credit/S/credit_lab
 
@@ -23,7 +23,8 @@ A method is a run folder's name; the folders of one method (seeds) are pooled. O
 - the entropy at decision tokens and at the other model tokens;
 - where CBPO's chosen branch points fall: ``b - d``, ``d`` the parent's first decision token
   (model-token positions; a branch at ``b <= d`` samples the decision anew), beside the same
-  for its retained candidates.
+  for its retained candidates, and the share of each that falls on the first token of any
+  decision (a task may have several per response).
 
 Decision tokens are the response tokens whose text overlaps a span of the task's
 ``decision_spans(text, question)``: the response is decoded with the run's tokenizer
@@ -100,9 +101,11 @@ def rollout_record(row: dict, tokenizer, decision_spans: Callable, question: str
     mask = np.asarray(row["model_mask"], dtype=bool)
     model_index = np.cumsum(mask) - 1
     on_decision = np.zeros(int(mask.sum()), dtype=bool)
+    starts = set()  # each decision's first model token
     for span in spans:
         tokens = [i for i in span_tokens(tokenizer, ids, span["start"], span["end"]) if mask[i]]
         on_decision[model_index[tokens]] = True
+        starts |= {int(model_index[tokens[0]])} if tokens else set()
     trained = np.asarray(row["loss_mask"], dtype=bool)
     mass = np.abs(np.asarray(row["advantage"], dtype=np.float64)) * trained
     entropy = np.asarray(row["entropy"], dtype=np.float64)[mask]
@@ -130,10 +133,13 @@ def rollout_record(row: dict, tokenizer, decision_spans: Callable, question: str
         "entropy_other_n": int((~on_decision).sum()),
         "chosen": [],
         "candidates": [],
+        "chosen_at_decision": [],
+        "candidates_at_decision": [],
     }
     if first is not None and "chosen" in row:
-        record["chosen"] = [b - first for b in row["chosen"]]
-        record["candidates"] = [b - first for b in row["candidates"]]
+        for key in ("chosen", "candidates"):
+            record[key] = [b - first for b in row[key]]
+            record[f"{key}_at_decision"] = [b in starts for b in row[key]]
     return record
 
 
@@ -203,13 +209,19 @@ def distances(records: dict[str, list[dict]], key: str) -> dict[str, np.ndarray]
     return {m: d for m, d in out.items() if d.size}
 
 
-def distance_table(chosen: dict[str, np.ndarray], candidates: dict[str, np.ndarray]) -> pd.DataFrame:
+def distance_table(records: dict[str, list[dict]]) -> pd.DataFrame:
+    """Per method with branch annotations: where its chosen points and candidates fall against
+    the first decision token ``d``, and the share of them on any decision's first token."""
+    chosen, candidates = distances(records, "chosen"), distances(records, "candidates")
+    at_decision = {key: {m: np.mean([x for r in recs for x in r[f"{key}_at_decision"]] or [np.nan])
+                         for m, recs in records.items()} for key in ("chosen", "candidates")}
     rows = []
     for method, d in chosen.items():
         c = candidates[method]
         rows.append({"method": method, "chosen": d.size, "chosen at or before d": np.mean(d <= 0),
-                     "chosen at d": np.mean(d == 0), "median b - d": np.median(d),
-                     "candidates": c.size, "candidates at or before d": np.mean(c <= 0)})
+                     "chosen at d": np.mean(d == 0), "chosen at a decision": at_decision["chosen"][method],
+                     "median b - d": np.median(d), "candidates": c.size, "candidates at or before d": np.mean(c <= 0),
+                     "candidates at a decision": at_decision["candidates"][method]})
     return pd.DataFrame(rows)
 
 
@@ -252,7 +264,9 @@ def write(records: dict[str, list[dict]], out: Path, label: str) -> None:
     without_logprobs = [m for m, part in overall.groupby("method", sort=False) if part["p_win"].isna().all()]
     parts = [
         f"# Credit lab{': ' + label if label else ''}", "",
-        "Decision tokens: where each rollout's first action is chosen (cbpo.tasks.forks). abs_adv_share: their "
+        "Decision tokens: where each rollout chooses an action at one of its task's decisions (cbpo.tasks.forks: the "
+        "first action; on the chain tasks also the first action after the first observation). p_win, win_rate and "
+        "the branch points' b - d are taken at the first decision. abs_adv_share: their "
         "share of the |advantage| mass under the loss mask, beside decision_token_share (their share of the loss "
         "tokens). p_win: over the rollouts that sampled their decision, the mean probability of the winning "
         "choice at the decision's first token under the policy (its raw, temperature-1 distribution, whatever the "
@@ -273,7 +287,7 @@ def write(records: dict[str, list[dict]], out: Path, label: str) -> None:
         parts += [f"## {title}", "", steps.to_markdown(floatfmt=".3f"), ""]
     if chosen:
         parts += ["## Chosen branch points relative to the decision (b - d, model tokens)", "",
-                  distance_table(chosen, distances(records, "candidates")).to_markdown(index=False, floatfmt=".3f"), ""]
+                  distance_table(records).to_markdown(index=False, floatfmt=".3f"), ""]
     Path(f"{out}.md").write_text("\n".join(parts))
     plot(table, chosen, out, label)
 

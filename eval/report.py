@@ -191,12 +191,13 @@ def device_seconds(steps: Sequence[Sequence[dict]], summaries: Sequence[dict], d
     return float(train + sum(s["generation_seconds"] * s.get("devices", devices_per_job) for s in summaries))
 
 
-def evaluation_limit(summary: Path) -> int | None:
-    """The ``evaluation.limit`` an evaluation ran with (its provenance); None: the whole benchmark."""
+def evaluation_setting(summary: Path, key: str):
+    """The ``evaluation.<key>`` an evaluation ran with (its provenance); None where unrecorded.
+    ``limit`` None: the whole benchmark."""
     provenance = summary.with_name("provenance.json")
     if not provenance.is_file():
         return None
-    return json.loads(provenance.read_text()).get("config", {}).get("evaluation", {}).get("limit")
+    return json.loads(provenance.read_text()).get("config", {}).get("evaluation", {}).get(key)
 
 
 def seed_cells(seed: Seed, run: str, configs: Mapping[str, dict], budget: Budget) -> tuple[list[dict], set[str]]:
@@ -205,7 +206,10 @@ def seed_cells(seed: Seed, run: str, configs: Mapping[str, dict], budget: Budget
     with a fallback metric (to be marked)."""
     paths = {b: seed.summaries / run / b / "summary.json" for b in configs}
     read = {b: json.loads(path.read_text()) for b, path in paths.items() if path.is_file()}
-    subset = {b: evaluation_limit(paths[b]) is not None for b in read}
+    for b in read:
+        if evaluation_setting(paths[b], "forced"):
+            raise ValueError(f"{paths[b]} is a forced-choice diagnostic (evaluation.forced), not an evaluation of {b}")
+    subset = {b: evaluation_setting(paths[b], "limit") is not None for b in read}
     column = {b: config["display_name"] for b, config in configs.items()}
     scores = {column[b]: 100.0 * read[b]["pass@1"] if b in read else np.nan for b in configs}
     cells = [{"column": column[b], "value": scores[column[b]], "summary": str(paths[b]) if b in read else "",
@@ -233,17 +237,40 @@ def ci95(values: Sequence[float]) -> float:
     return float(stats.t.ppf(0.975, len(values) - 1) * stats.sem(values)) if len(values) > 1 else np.nan
 
 
-def over_seeds(seeds: Sequence[Seed], rows: Mapping[str, str], configs: Mapping[str, dict],
-               budget: Budget) -> tuple[pd.DataFrame, set[str]]:
-    """One line per cell: the mean over the seeds that produced it, its ci95, those seeds and
-    the summaries averaged; and the columns scored with a fallback metric."""
+def per_seed(seeds: Sequence[Seed], rows: Mapping[str, str], configs: Mapping[str, dict],
+             budget: Budget) -> tuple[pd.DataFrame, set[str]]:
+    """One line per seed and cell (NaN where not produced); and the columns scored with a
+    fallback metric."""
     records, marked = [], set()
     for seed in seeds:
         for row, run in rows.items():
             cells, fallback = seed_cells(seed, run, configs, budget)
             records += [{"row": row, "run": run, "seed": seed.number, **cell} for cell in cells]
             marked |= fallback
-    measured = pd.DataFrame(records)
+    return pd.DataFrame(records), marked
+
+
+def paired_differences(measured: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """Differences paired by seed, mean ± ci95 over the seeds that produced both cells: every
+    trained row minus SFT (its initialisation), and CBPO minus every other trained row. A line
+    per pair, a column per scored column."""
+    runs = dict(zip(measured.row, measured.run))
+    trained = [row for row, run in runs.items() if trains(run)]
+    pairs = [(row, "SFT") for row in trained if "SFT" in runs]
+    pairs += [("CBPO", row) for row in trained if row != "CBPO" and "CBPO" in runs]
+    values = measured.pivot_table(index=["row", "seed"], columns="column", values="value", dropna=False)
+    lines = {}
+    for a, b in pairs:
+        diff = (values.loc[a] - values.loc[b])[list(columns)]
+        lines[f"{a} − {b}"] = {c: (diff[c].mean(), ci95(diff[c].dropna()), int(diff[c].notna().sum())) for c in columns}
+    return pd.DataFrame.from_dict(lines, orient="index", columns=list(columns))
+
+
+def over_seeds(seeds: Sequence[Seed], rows: Mapping[str, str], configs: Mapping[str, dict],
+               budget: Budget) -> tuple[pd.DataFrame, set[str], pd.DataFrame]:
+    """One line per cell: the mean over the seeds that produced it, its ci95, those seeds and
+    the summaries averaged; the columns scored with a fallback metric; and the per-seed values."""
+    measured, marked = per_seed(seeds, rows, configs, budget)
     produced = measured.dropna(subset=["value"]).groupby(["row", "column"], sort=False).agg(
         reproduced=("value", "mean"), ci95=("value", ci95), n=("seed", "size"),
         seeds=("seed", lambda s: " ".join(map(str, s))), summaries=("summary", lambda p: ";".join(filter(None, p))),
@@ -251,7 +278,7 @@ def over_seeds(seeds: Sequence[Seed], rows: Mapping[str, str], configs: Mapping[
     cells = measured[["row", "run", "column"]].drop_duplicates().merge(produced.reset_index(), on=["row", "column"], how="left")
     # object: with nothing produced at all, the text columns come back as float NaN
     cells = cells.astype({"seeds": object, "summaries": object, "subset": object})
-    return cells.fillna({"n": 0, "seeds": "", "summaries": "", "subset": False}).astype({"subset": bool}), marked
+    return cells.fillna({"n": 0, "seeds": "", "summaries": "", "subset": False}).astype({"subset": bool}), marked, measured
 
 
 def cell_text(cell, digits: int, seeds: int) -> str:
@@ -300,7 +327,7 @@ def write_table(table: str, out: Path, rows: Mapping[str, str], groups: Sequence
     scored += [AVG[d] for d in dict.fromkeys(c["domain"] for c in configs.values())]
     columns, digits = scored + list(spent), {**dict.fromkeys(scored, 1), **spent}
 
-    cells, marked = over_seeds(seeds, rows, configs, budget)
+    cells, marked, measured = over_seeds(seeds, rows, configs, budget)
     same = comparable_columns(configs, paper)
     cells["paper"] = [paper.at[r, c] if r in paper.index and c in same and not sub else np.nan
                       for r, c, sub in zip(cells.row, cells.column, cells.subset)]
@@ -349,6 +376,13 @@ def write_table(table: str, out: Path, rows: Mapping[str, str], groups: Sequence
     if groups:  # a group's name once, on its first row
         flat["Group"] = flat["Group"].mask(flat["Group"].duplicated(), "")
     md = flat.to_markdown(index=False, disable_numparse=True)
+    paired = paired_differences(measured, scored) if len(seeds) > 1 else pd.DataFrame()
+    if not paired.empty:
+        paired_text = paired.map(lambda v: MISSING if not v[2] else f"{v[0]:+.1f}" + ("" if np.isnan(v[1]) else f" ± {v[1]:.1f}")
+                           + ("" if v[2] == len(seeds) else PARTIAL))
+        md += ("\n## Paired by seed\n\nPass@1 differences (points), seed by seed: mean ± 95% CI half-width "
+               "(Student t) of the per-seed differences; an interval that excludes 0 is a difference at these "
+               f"seeds.\n\n{paired_text.rename_axis('difference').reset_index().to_markdown(index=False, disable_numparse=True)}")
     out.with_suffix(".md").write_text(f"# {title}: {what}\n\n{legend}\n\n{md}\n")
     tex = flat.map(latex).style.hide(axis="index").format_index(escape="latex", axis=1)  # one header row
     out.with_suffix(".tex").write_text(tex.to_latex(hrules=True, caption=latex(f"{title}: {legend}")))

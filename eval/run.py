@@ -12,11 +12,13 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Mapping
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from cbpo.backends.device import resolve_device, resolve_dtype
+from cbpo.chat import split_observations
 from cbpo.data import shared_data_dir, write_atomically
 from cbpo.provenance import write_provenance
 from cbpo.runs import checkpoint_fingerprint, name_run
@@ -54,14 +56,26 @@ def make_engine(engine: str, checkpoint: Path, device: torch.device, dtype: torc
     return VLLMEngine(str(checkpoint), tokenizer, temperature=temperature, seed=seed, llm_kwargs={"dtype": dtype_name}), tokenizer
 
 
-def make_generate(engine, tokenizer, tools, agent_cfg, system_prompt: str | None):
-    """The runner's ``generate(rows, n)`` on the rollout engine and agent loop."""
+def make_generate(engine, tokenizer, tools, agent_cfg, system_prompt: str | None, prefixes: Mapping[str, str] | None = None):
+    """The runner's ``generate(rows, n)`` on the rollout engine and agent loop; ``prefixes``
+    (by row id): text each response starts with, its ``<result>`` blocks as observations."""
     from cbpo.chat import build_prompt
     from cbpo.rollout.agent import run_agent
     from cbpo.trajectory import Trajectory
 
+    def start(row) -> Trajectory:
+        t = Trajectory(prompt_ids=build_prompt(tokenizer, row["question"], system_prompt))
+        for text, is_model in split_observations(prefixes[row["id"]] if prefixes else ""):
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            t.response_ids += ids
+            t.model_mask += [is_model] * len(ids)
+            t.tool_calls += not is_model
+        t.logprobs = t.entropies = [0.0] * len(t.response_ids)
+        t.copied_tool_calls = t.tool_calls
+        return t
+
     def generate(rows, n):
-        fresh = [Trajectory(prompt_ids=build_prompt(tokenizer, row["question"], system_prompt)) for row in rows for _ in range(n)]
+        fresh = [start(row) for row in rows for _ in range(n)]
         with torch.no_grad():
             done = run_agent(engine, tokenizer, fresh, tools, agent_cfg)
         texts = tokenizer.batch_decode([t.response_ids for t in done], skip_special_tokens=False)
@@ -73,6 +87,22 @@ def make_generate(engine, tokenizer, tools, agent_cfg, system_prompt: str | None
 
 # Which samples exist, not what any one of them is: resuming across these is sound.
 _SELECTION = ("n_samples", "batch_size", "limit")
+
+
+def forced_prefixes(cfg: DictConfig, bench: str) -> dict[str, str] | None:
+    """``evaluation.forced``'s response starts by row id (``cbpo.tasks.forks.winning_prefixes``);
+    None for an ordinary evaluation."""
+    if not cfg.evaluation.forced:
+        return None
+    from cbpo.tasks import TASKS, get_task
+    from cbpo.tasks.forks import winning_prefixes
+
+    with_decisions = sorted(t for t in TASKS if hasattr(get_task(t), "decision_spans"))
+    if bench not in with_decisions or bench not in cfg.data.tasks:
+        raise ValueError(f"evaluation.forced={cfg.evaluation.forced} needs a task of the run's data with decisions; "
+                         f"{bench} is not one (with decisions: {', '.join(with_decisions)})")
+    options = OmegaConf.to_container(cfg.data.get("task_options") or {}, resolve=True)
+    return winning_prefixes(bench, cfg.data.seed, cfg.data.n_test, cfg.evaluation.forced, options)
 
 
 def eval_identity(cfg: DictConfig, checkpoint: Path, system_prompt: str | None) -> dict:
@@ -171,6 +201,10 @@ def main(cfg: DictConfig) -> None:
 
     if cfg.benchmark not in list_benchmarks():  # named before any checkpoint is looked for
         sys.exit(f"invalid setting: benchmark={cfg.benchmark} is not a benchmark; known: {', '.join(list_benchmarks())}")
+    try:
+        prefixes = forced_prefixes(cfg, cfg.benchmark)
+    except ValueError as e:
+        sys.exit(f"invalid setting: {e}")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     overrides = HydraConfig.get().overrides.task
     name_run(cfg, overrides)
@@ -190,7 +224,7 @@ def main(cfg: DictConfig) -> None:
     # Every task offers both tools (Sec. 5.1); the built-in corpus serves search offline.
     tools = build_tools(["python", "search"], cfg.tools_cfg, search_seed=cfg.data.seed, data_root=cfg.data_root)
     agent_cfg = settings(cfg, "rl").agent
-    generate = make_generate(engine, tokenizer, tools, agent_cfg, system_prompt)
+    generate = make_generate(engine, tokenizer, tools, agent_cfg, system_prompt, prefixes)
     scorer = make_scorer(benchmark_config(bench)["metric"], judge_config(cfg), fallback=cfg.judge_fallback)
     try:
         summary = run_benchmark(

@@ -16,6 +16,9 @@ TASKS = {
     # Fork tasks (cbpo.tasks.forks): rows also carry ``decisions``; generate takes ``p_lose``.
     "arith_fork": "cbpo.tasks.arith_fork",
     "search_fork": "cbpo.tasks.search_fork",
+    # Chain tasks (issue #25): two decisions per response, the second after a tool observation.
+    "arith_chain": "cbpo.tasks.arith_chain",
+    "search_chain": "cbpo.tasks.search_chain",
 }
 
 

@@ -21,6 +21,7 @@ from cbpo.tasks.forks import decision, first_action_decision, losing_rows
 
 # First action tag -> (kind, wins). A search cannot compute the answer.
 KINDS = {"python": ("call_tool", True), "answer": ("answer_directly", False), "search": ("wrong_tool", False)}
+N_DECISIONS = 1  # per response: its first action
 
 
 def estimate(value: int) -> int:

@@ -29,7 +29,7 @@ from typing import Callable, NamedTuple
 
 from cbpo.chat import TOOL_TAGS, format_observation
 from cbpo.tasks.forks import decision, first_action_decision, losing_rows
-from cbpo.tasks.twohop import World, _mentions, _page_of, search_tool, split_questions, world
+from cbpo.tasks.twohop import World, _mentions, _page_of, fact_sentence, search_tool, split_questions, world
 
 
 class Hop(NamedTuple):
@@ -61,6 +61,7 @@ HOPS: tuple[Hop, ...] = (
 CLAIM = " A forum post says the answer is {claim}."
 # First action tag -> (kind, wins). Python cannot find a fact.
 KINDS = {"search": ("look_up", True), "answer": ("trust_claim", False), "python": ("wrong_tool", False)}
+N_DECISIONS = 1  # per response: its first action
 
 
 def decision_spans(text: str, question: str | None = None) -> list[dict]:
@@ -75,14 +76,6 @@ def _claim(rng: random.Random, hop: Hop, w: World, truth: str) -> str:
     return claim
 
 
-def _fact(observation: str, start: str, answer: str) -> str:
-    """The sentence of ``start``'s page that states ``answer``, restated before answering:
-    the name then follows the same words as on the page, which a small model copies far more
-    reliably than a name recalled across the observation."""
-    page = next(line.split(": ", 1)[-1] for line in observation.splitlines() if _page_of(line, start))
-    return next(s.strip() + "." for s in page.split(".") if _mentions(s, start) and _mentions(s, answer))
-
-
 def _row(seed: int, hop: Hop, start: str, claim: str, loses: bool, w: World, tool) -> dict:
     answer = hop.answer(w, start)
     think, search, ans = TOOL_TAGS["think"], TOOL_TAGS["search"], TOOL_TAGS["answer"]
@@ -95,7 +88,7 @@ def _row(seed: int, hop: Hop, start: str, claim: str, loses: bool, w: World, too
         if not (_page_of(found, start) and _mentions(found, answer)):
             raise RuntimeError(f"bm25 top-{tool.k} misses {start!r}'s page for {hop.name}")
         trace = (f"{plan}{search[0]}{start}{search[1]}{format_observation(found)}"
-                 f"{think[0]}{_fact(found, start, answer)}{think[1]}"
+                 f"{think[0]}{fact_sentence(found, start, answer)}{think[1]}"
                  f"{ans[0]}The answer is \\boxed{{{answer}}}{ans[1]}")
     tag = ans[0] if loses else search[0]
     return {"id": f"search_fork-{seed}-{hop.name}-{start}",

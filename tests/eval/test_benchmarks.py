@@ -15,7 +15,7 @@ TABLE1 = {
 
 
 def test_every_table1_benchmark_and_builtin_task_has_a_valid_config():
-    assert set(TABLE1) | {"arith", "twohop", "arith_fork", "search_fork"} == set(list_benchmarks())
+    assert set(TABLE1) | {"arith", "twohop", "arith_fork", "search_fork", "arith_chain", "search_chain"} == set(list_benchmarks())
     for name, column in TABLE1.items():
         config = benchmark_config(name)
         assert config["display_name"] == column
@@ -27,6 +27,7 @@ def test_every_table1_benchmark_and_builtin_task_has_a_valid_config():
     assert benchmark_config("twohop")["metric"] == "f1"
     assert benchmark_config("arith_fork")["metric"] == "math"
     assert benchmark_config("search_fork")["metric"] == "f1"
+    assert benchmark_config("arith_chain")["metric"] == "math" and benchmark_config("search_chain")["metric"] == "f1"
 
 
 def test_unknown_benchmark_names_the_known_ones():

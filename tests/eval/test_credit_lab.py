@@ -9,7 +9,7 @@ import pytest
 from cbpo.chat import split_observations
 from cbpo.data import task_file, write_jsonl
 from cbpo.models import train_tokenizer
-from cbpo.tasks import arith_fork, search_fork
+from cbpo.tasks import arith_fork, search_chain, search_fork
 from eval import credit_lab
 
 
@@ -99,6 +99,20 @@ def test_p_win_is_the_winning_choices_probability_at_the_first_decision_token(to
     assert np.isnan(p_win(tool, at_tool))
 
 
+def test_a_chain_rollouts_decisions_are_both_actions_and_branch_points_at_either_count(tok):
+    row = next(r for r in search_chain.generate(0, 12, 2, p_lose=0.3)["train"] if len(r["decisions"]) == 2)
+    first, second = (sum(len(encode(tok, text)) for text, is_model in split_observations(row["trace"][: d["start"]])
+                         if is_model) for d in row["decisions"])
+    dump = dump_row(tok, row, np.ones, [first, second], candidates=[first, first + 1, second, second + 2],
+                    chosen=[second, first + 1])
+    record = credit_lab.rollout_record(dump, tok, search_chain.decision_spans, row["question"])
+    assert record["decision_tokens"] == 2 and record["entropy_decision_sum"] == 4.0
+    assert record["chosen"] == [second - first, 1] and record["chosen_at_decision"] == [True, False]
+    assert record["candidates_at_decision"] == [True, False, True, False]
+    table = credit_lab.distance_table({"cbpo": [record]}).iloc[0]
+    assert (table["chosen at d"], table["chosen at a decision"], table["candidates at a decision"]) == (0.0, 0.5, 0.5)
+
+
 @pytest.fixture()
 def lab(tmp_path, tok, data):
     """Two runs with hand-made dumps over real fork rows and a tokenizer at <run>/final."""
@@ -176,7 +190,7 @@ def test_credit_shares_win_rates_and_branch_distances(lab, tmp_path):
     assert table["p_win"][table.index.get_level_values("method") == "grpo"].isna().all()
     md = " ".join((tmp_path / "lab" / "credit.md").read_text().split())
     # b - d of the chosen points (-1, 4) and of the candidates (-1, 2, 4); GRPO has none.
-    assert "| cbpo | 2 | 0.500 | 0.000 | 1.500 | 3 | 0.333 |" in md and "| grpo | 0 |" not in md
+    assert "| cbpo | 2 | 0.500 | 0.000 | 0.000 | 1.500 | 3 | 0.333 | 0.000 |" in md and "| grpo | 0 |" not in md
     assert "The dumps of grpo hold no log-probs" in md and "| 1 | nan | nan | 0.800 |" in md
 
 

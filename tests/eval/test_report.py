@@ -27,9 +27,11 @@ def rows_of(path):
     return {(r["row"], r["column"]): r for r in csv.DictReader(path.read_text().splitlines())}
 
 
-def table_lines(md):
-    """The Markdown table's body, one list of stripped cells per row."""
-    return [[c.strip() for c in line.split("|")[1:-1]] for line in md.splitlines() if line.startswith("| ")][1:]
+def table_lines(md, section=0):
+    """The body of the Markdown table of a section (0: the table, 1: the paired differences),
+    one list of stripped cells per row."""
+    part = md.split("\n## ")[section]
+    return [[c.strip() for c in line.split("|")[1:-1]] for line in part.splitlines() if line.startswith("| ")][1:]
 
 
 def test_table2_puts_each_cell_beside_the_paper_and_marks_a_missing_run(tmp_path):
@@ -90,6 +92,29 @@ def test_seeds_give_the_mean_and_the_t_interval_and_the_caption_names_them(tmp_p
     md = out.with_suffix(".md").read_text()
     assert f"over seeds {', '.join(map(str, range(n)))}" in md and f"{mean:.1f} ± {half:.1f}" in md
     assert "\\pm" in out.with_suffix(".tex").read_text()
+
+
+def test_seeds_pair_every_trained_row_with_sft_and_cbpo_with_the_others(tmp_path):
+    scores = [{"sft": 0.1, "grpo": 0.4, "arpo": 0.45, "cbpo": 0.5}, {"sft": 0.2, "grpo": 0.4, "arpo": 0.5, "cbpo": 0.6},
+              {"sft": 0.3, "grpo": 0.7, "arpo": 0.6, "cbpo": 0.7}]
+    folders = [summaries(tmp_path / "raw", {run: {"arith": v} for run, v in seed.items()}, seed=n)
+               for n, seed in enumerate(scores)]
+    out = tmp_path / "table1"
+    assert main(["table1", "--summaries", *map(str, folders), "--out", str(out), "--benchmarks", "arith",
+                 "--methods", "sft", "grpo", "arpo", "cbpo"]) == 0
+    md = out.with_suffix(".md").read_text()
+    assert "## Paired by seed" in md
+    paired = {r[0]: r[1] for r in table_lines(md, 1)}
+
+    def cell(a, b):
+        diffs = [100 * (s[a] - s[b]) for s in scores]
+        mean = sum(diffs) / 3
+        half = T975[2] * math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2) / math.sqrt(3)
+        return f"{mean:+.1f} ± {half:.1f}"
+
+    assert paired == {"GRPO − SFT": cell("grpo", "sft"), "ARPO − SFT": cell("arpo", "sft"), "CBPO − SFT": cell("cbpo", "sft"),
+                      "CBPO − GRPO": cell("cbpo", "grpo"), "CBPO − ARPO": cell("cbpo", "arpo")}
+    assert paired["CBPO − GRPO"] == "+10.0 ± 24.8"  # differences 10, 20, 0
 
 
 def test_one_seed_shows_the_value_alone(tmp_path):

@@ -138,3 +138,28 @@ def test_the_seeds_target_is_table1_and_the_credit_lab_over_the_study_seeds(tmp_
     assert option(report, "--out") == ["results/tables/smoke/tiny/forks/seeds/table1"]
     (lab,) = module_calls(shells, "eval.credit_lab")
     assert len(option(lab, "--runs")) == 20  # 4 Table 1 methods x 5 seeds
+    # The forced-choice table: each seed's SFT policy on both fork tasks with the decision forced.
+    forced = [w for w in module_calls(shells, "eval.run") if any(x.startswith("evaluation.forced=") for x in w)]
+    assert sorted((setting(w, "benchmark"), setting(w, "seed"), setting(w, "evaluation.forced")) for w in forced) == \
+        sorted((b, s, "1") for b in ("arith_fork", "search_fork") for s in "01234")
+    assert all(setting(w, "run_name") == "sft" and setting(w, "eval_out").endswith("forced1") for w in forced)
+    (table,) = module_calls(shells, "eval.forced")
+    assert option(table, "--benchmarks") == ["arith_fork=1", "search_fork=1"]
+    assert option(table, "--out")[0] == "results/tables/smoke/tiny/forks/seeds/forced"
+
+
+def test_the_chains_seed_study_forces_both_decisions_of_each_chain_task(tmp_path):
+    cmd = [str(SNAKEMAKE), "seeds", "-n", "-p", "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path / "work"), "-c1",
+           "--config", "preset=smoke", "data=chains", "methods=[grpo,cbpo,arpo,gigpo,tree_grpo]"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    shells = [shlex.split(line.split("Shell command: ", 1)[1]) for line in out.stdout.splitlines() if "Shell command: " in line]
+    trained = {(setting(w, "method"), setting(w, "seed")) for w in module_calls(shells, "cbpo.train") if "stage=rl" in w}
+    assert trained == {(m, s) for m in ("grpo", "cbpo", "arpo", "gigpo", "tree_grpo") for s in "01234"}
+    forced = [w for w in module_calls(shells, "eval.run") if any(x.startswith("evaluation.forced=") for x in w)]
+    assert sorted((setting(w, "benchmark"), setting(w, "evaluation.forced")) for w in forced) == \
+        sorted((b, k) for b in ("arith_chain", "search_chain") for k in "12" for _ in range(5))
+    (table,) = module_calls(shells, "eval.forced")
+    assert option(table, "--benchmarks") == ["arith_chain=2", "search_chain=2"]
+    (lab,) = module_calls(shells, "eval.credit_lab")
+    assert len(option(lab, "--runs")) == 25
