@@ -15,7 +15,7 @@ export WANDB_MODE ?= offline
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: setup engines test demo report docs bench clean
+.PHONY: setup engines test demo chains report docs bench clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,12 @@ test: $(STAMP) $(ESTAMP)
 demo: $(STAMP)
 	$(BIN)/snakemake -c2 table1 figures site --config data=forks
 	@echo "Table 1: results/tables/tiny/tiny/forks/table1.md (also .csv, .tex); figures: results/figures/tiny/tiny/forks/; results browser: results/site/index.html"
+
+# The chain tasks' study (docs/cpu-testbed.md): five methods over study_seeds, Table 1 with paired
+# differences, the credit lab and the forced-choice table.
+chains: $(STAMP)
+	$(BIN)/snakemake -c2 seeds --config data=chains 'methods=[grpo,cbpo,arpo,gigpo,tree_grpo]'
+	@echo "results/tables/tiny/tiny/chains/seeds/{table1,forced}.md, results/figures/tiny/tiny/chains/seeds/credit_lab.md"
 
 # Snakemake's self-contained report of the demo's study (after make demo).
 report: $(STAMP)
