@@ -24,7 +24,8 @@ A method is a run folder's name; the folders of one method (seeds) are pooled. O
 - where CBPO's chosen branch points fall: ``b - d``, ``d`` the parent's first decision token
   (model-token positions; a branch at ``b <= d`` samples the decision anew), beside the same
   for its retained candidates, and the share of each that falls on the first token of any
-  decision (a task may have several per response).
+  decision (a task may have several per response); and for every branching method, where its
+  branch rollouts start (their boundary ``at``), the same way.
 
 Decision tokens are the response tokens whose text overlaps a span of the task's
 ``decision_spans(text, question)``: the response is decoded with the run's tokenizer
@@ -135,6 +136,10 @@ def rollout_record(row: dict, tokenizer, decision_spans: Callable, question: str
         "candidates": [],
         "chosen_at_decision": [],
         "candidates_at_decision": [],
+        # A branch's own boundary (any branching method): b - d and whether b is a decision's first token.
+        "branch": [row["at"] - first] if row["kind"] == "branch" and first is not None and row.get("at") is not None else [],
+        "branch_at_decision": [row["at"] in starts] if row["kind"] == "branch" and first is not None
+        and row.get("at") is not None else [],
     }
     if first is not None and "chosen" in row:
         for key in ("chosen", "candidates"):
@@ -225,6 +230,20 @@ def distance_table(records: dict[str, list[dict]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def branch_table(records: dict[str, list[dict]]) -> pd.DataFrame:
+    """Per branching method (ARPO, Tree-GRPO, CBPO, ...): where its branches start, ``b - d``
+    against the first decision token ``d``, and the share on any decision's first token (a
+    branch there samples that decision anew)."""
+    rows = []
+    for method, recs in records.items():
+        d = np.asarray([x for r in recs for x in r["branch"]], dtype=int)
+        if d.size:
+            rows.append({"method": method, "branches": d.size, "at or before d": np.mean(d <= 0), "at d": np.mean(d == 0),
+                         "at a decision": np.mean([x for r in recs for x in r["branch_at_decision"]]),
+                         "median b - d": np.median(d)})
+    return pd.DataFrame(rows)
+
+
 def plot(table: pd.DataFrame, chosen: dict[str, np.ndarray], out: Path, label: str) -> None:
     fig = figure(figsize=(12, 3.6))
     ax_credit, ax_win, ax_dist = fig.subplots(1, 3)
@@ -285,6 +304,10 @@ def write(records: dict[str, list[dict]], out: Path, label: str) -> None:
         steps = per_step.pivot(index="step", columns=["method", "task"], values=column)[list(records)]
         steps.columns = [f"{method}, {task}" for method, task in steps.columns]
         parts += [f"## {title}", "", steps.to_markdown(floatfmt=".3f"), ""]
+    branches = branch_table(records)
+    if not branches.empty:
+        parts += ["## Where branches start (b - d, model tokens; every branch rollout)", "",
+                  branches.to_markdown(index=False, floatfmt=".3f"), ""]
     if chosen:
         parts += ["## Chosen branch points relative to the decision (b - d, model tokens)", "",
                   distance_table(records).to_markdown(index=False, floatfmt=".3f"), ""]

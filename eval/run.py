@@ -183,6 +183,7 @@ Settings people change:
   benchmark=NAME   method=NAME or run_name=NAME   preset=NAME   model=NAME   data=NAME   seed=N
   evaluation.n_samples=N  evaluation.temperature=T  evaluation.limit=N  checkpoint=DIR
   evaluation.engine=hf|vllm   (vllm: the paper preset's; without a GPU, vLLM's CPU build)
+  evaluation.forced=K   (a task with decisions: the winning choice forced at its first K; eval.forced)
 
 benchmarks: {', '.join(list_benchmarks())}
 methods: {', '.join(known_methods())}

@@ -111,6 +111,14 @@ def test_a_chain_rollouts_decisions_are_both_actions_and_branch_points_at_either
     assert record["candidates_at_decision"] == [True, False, True, False]
     table = credit_lab.distance_table({"cbpo": [record]}).iloc[0]
     assert (table["chosen at d"], table["chosen at a decision"], table["candidates at a decision"]) == (0.0, 0.5, 0.5)
+    # Any method's branch rollouts: their own boundary against their decisions.
+    branches = [credit_lab.rollout_record(dump_row(tok, row, np.ones, [first, second], kind="branch", parent=0, at=at),
+                                          tok, search_chain.decision_spans, row["question"]) for at in (second, second + 1)]
+    assert [r["branch"] for r in branches] == [[second - first], [second + 1 - first]]
+    assert [r["branch_at_decision"] for r in branches] == [[True], [False]] and record["branch"] == []
+    table = credit_lab.branch_table({"arpo": branches, "grpo": [record]})
+    assert table["method"].tolist() == ["arpo"]
+    assert (table.iloc[0]["branches"], table.iloc[0]["at a decision"], table.iloc[0]["at d"]) == (2, 0.5, 0.0)
 
 
 @pytest.fixture()
@@ -191,6 +199,8 @@ def test_credit_shares_win_rates_and_branch_distances(lab, tmp_path):
     md = " ".join((tmp_path / "lab" / "credit.md").read_text().split())
     # b - d of the chosen points (-1, 4) and of the candidates (-1, 2, 4); GRPO has none.
     assert "| cbpo | 2 | 0.500 | 0.000 | 0.000 | 1.500 | 3 | 0.333 | 0.000 |" in md and "| grpo | 0 |" not in md
+    # CBPO's one branch starts 4 tokens after the decision; GRPO has no branch rows.
+    assert "| cbpo | 1 | 0.000 | 0.000 | 0.000 | 4.000 |" in md
     assert "The dumps of grpo hold no log-probs" in md and "| 1 | nan | nan | 0.800 |" in md
 
 
