@@ -20,6 +20,8 @@ A method is a run folder's name; the folders of one method (seeds) are pooled. O
   mean reward of the rollouts (all with a decision) that took the winning choice and of those
   that took another: RL can only move a decision whose winning choice earns more reward than
   the others, so a low ``reward_win`` says the policy cannot yet finish what the choice starts;
+- on the chain tasks, ``p_win_2`` and ``win_rate_2``: the same at the second decision (after
+  the first tool observation), over the rollouts that reached it and sampled it themselves;
 - the entropy at decision tokens and at the other model tokens;
 - where CBPO's chosen branch points fall: ``b - d``, ``d`` the parent's first decision token
   (model-token positions; a branch at ``b <= d`` samples the decision anew), beside the same
@@ -52,7 +54,7 @@ from eval.figures import dump_step, figure, save
 
 COLUMNS = ("method", "task", "step", "rollouts", "decisions_sampled", "p_win", "win_rate", "reward_win", "reward_lose",
            "decision_token_share",
-           "abs_adv_share", "abs_adv_per_decision_token", "abs_adv_per_other_token", "entropy_decision", "entropy_other")
+           "abs_adv_share", "abs_adv_per_decision_token", "abs_adv_per_other_token", "entropy_decision", "entropy_other", "p_win_2", "win_rate_2")
 
 
 def span_tokens(tokenizer, ids: Sequence[int], start: int, end: int) -> list[int]:
@@ -102,20 +104,26 @@ def rollout_record(row: dict, tokenizer, decision_spans: Callable, question: str
     mask = np.asarray(row["model_mask"], dtype=bool)
     model_index = np.cumsum(mask) - 1
     on_decision = np.zeros(int(mask.sum()), dtype=bool)
-    starts = set()  # each decision's first model token
+    firsts = []  # each decision's first model token, in order
     for span in spans:
         tokens = [i for i in span_tokens(tokenizer, ids, span["start"], span["end"]) if mask[i]]
         on_decision[model_index[tokens]] = True
-        starts |= {int(model_index[tokens[0]])} if tokens else set()
+        firsts += [int(model_index[tokens[0]])] if tokens else []
+    starts = set(firsts)
     trained = np.asarray(row["loss_mask"], dtype=bool)
     mass = np.abs(np.asarray(row["advantage"], dtype=np.float64)) * trained
     entropy = np.asarray(row["entropy"], dtype=np.float64)[mask]
     first = int(np.argmax(on_decision)) if on_decision.any() else None
     wins = bool(spans) and spans[0]["wins"]
-    p_win = float("nan")
-    if first is not None and "logprob" in row:
-        p_taken = float(np.exp(row["logprob"][np.flatnonzero(mask)[first]]))
-        p_win = p_taken if wins else 1.0 - p_taken
+
+    def p_win_at(token: int | None, wins: bool) -> float:
+        if token is None or "logprob" not in row:
+            return float("nan")
+        p_taken = float(np.exp(row["logprob"][np.flatnonzero(mask)[token]]))
+        return p_taken if wins else 1.0 - p_taken
+
+    second = firsts[1] if len(spans) > 1 and len(firsts) > 1 else None
+    second_wins = second is not None and spans[1]["wins"]
     record = {
         "kind": row["kind"],
         # A branch that starts after the decision copied it from its parent.
@@ -123,7 +131,11 @@ def rollout_record(row: dict, tokenizer, decision_spans: Callable, question: str
         "decided": bool(spans),
         "wins": wins,
         "reward": float(row["reward"]),
-        "p_win": p_win,
+        "p_win": p_win_at(first, wins),
+        # The chain tasks' second decision, after the first observation (None: not reached).
+        "second_sampled": second is not None and (row["kind"] != "branch" or row["at"] <= second),
+        "second_wins": second_wins,
+        "p_win_2": p_win_at(second, second_wins),
         "loss_tokens": int(trained.sum()),
         "decision_tokens": int((trained & on_decision).sum()),
         "mass_decision": float(mass[on_decision].sum()),
@@ -184,6 +196,8 @@ def summarise(df: pd.DataFrame) -> dict:
         "decisions_sampled": len(sampled),
         "p_win": sampled["p_win"].mean(),  # NaN (dumps without log-probs) is left out
         "win_rate": _ratio(sampled["wins"].sum(), len(sampled)),
+        "p_win_2": df.loc[df["second_sampled"], "p_win_2"].mean(),
+        "win_rate_2": _ratio(df.loc[df["second_sampled"], "second_wins"].sum(), int(df["second_sampled"].sum())),
         "reward_win": decided.loc[decided["wins"], "reward"].mean(),  # NaN: no rollout took it
         "reward_lose": decided.loc[~decided["wins"], "reward"].mean(),
         "decision_token_share": _ratio(df["decision_tokens"].sum(), df["loss_tokens"].sum()),
@@ -285,7 +299,8 @@ def write(records: dict[str, list[dict]], out: Path, label: str) -> None:
         f"# Credit lab{': ' + label if label else ''}", "",
         "Decision tokens: where each rollout chooses an action at one of its task's decisions (cbpo.tasks.forks: the "
         "first action; on the chain tasks also the first action after the first observation). p_win, win_rate and "
-        "the branch points' b - d are taken at the first decision. abs_adv_share: their "
+        "the branch points' b - d are taken at the first decision; p_win_2 and win_rate_2 the same at the second, over "
+        "the rollouts that reached it and sampled it themselves. abs_adv_share: their "
         "share of the |advantage| mass under the loss mask, beside decision_token_share (their share of the loss "
         "tokens). p_win: over the rollouts that sampled their decision, the mean probability of the winning "
         "choice at the decision's first token under the policy (its raw, temperature-1 distribution, whatever the "
@@ -298,7 +313,9 @@ def write(records: dict[str, list[dict]], out: Path, label: str) -> None:
         parts += [f"The dumps of {', '.join(without_logprobs)} hold no log-probs (written before they were kept): "
                   "p_win is NaN there.", ""]
     parts += [overall.to_markdown(index=False, floatfmt=".4f"), ""]
-    for title, column in (("Decision-token probability (p_win) per step", "p_win"), ("Win rate per step", "win_rate")):
+    for title, column in (("Decision-token probability (p_win) per step", "p_win"), ("Win rate per step", "win_rate"),
+                          ("Second decision (after the first observation): p_win_2 per step", "p_win_2"),
+                          ("Second decision: win rate per step", "win_rate_2")):
         if per_step[column].isna().all():
             continue
         steps = per_step.pivot(index="step", columns=["method", "task"], values=column)[list(records)]

@@ -107,6 +107,7 @@ def test_a_chain_rollouts_decisions_are_both_actions_and_branch_points_at_either
                     chosen=[second, first + 1])
     record = credit_lab.rollout_record(dump, tok, search_chain.decision_spans, row["question"])
     assert record["decision_tokens"] == 2 and record["entropy_decision_sum"] == 4.0
+    assert record["second_sampled"] and record["second_wins"] and np.isnan(record["p_win_2"])  # no log-probs dumped
     assert record["chosen"] == [second - first, 1] and record["chosen_at_decision"] == [True, False]
     assert record["candidates_at_decision"] == [True, False, True, False]
     table = credit_lab.distance_table({"cbpo": [record]}).iloc[0]
@@ -116,6 +117,17 @@ def test_a_chain_rollouts_decisions_are_both_actions_and_branch_points_at_either
                                           tok, search_chain.decision_spans, row["question"]) for at in (second, second + 1)]
     assert [r["branch"] for r in branches] == [[second - first], [second + 1 - first]]
     assert [r["branch_at_decision"] for r in branches] == [[True], [False]] and record["branch"] == []
+    # A branch from the second decision samples it; one from after it copied it.
+    assert [r["second_sampled"] for r in branches] == [True, False]
+    early = next(r for r in search_chain.generate(0, 12, 2, p_lose=0.3)["train"]
+                 if [d["wins"] for d in r["decisions"]] == [True, False])
+    at = [sum(len(encode(tok, text)) for text, is_model in split_observations(early["trace"][: d["start"]]) if is_model)
+          for d in early["decisions"]]
+    dump = dump_row(tok, early, np.ones, at, p_taken=0.25)
+    dump["logprob"][[i for i, m in enumerate(dump["model_mask"]) if m][at[1]]] = np.log(0.4)
+    lost = credit_lab.rollout_record(dump, tok, search_chain.decision_spans, early["question"])
+    assert not lost["second_wins"] and lost["p_win_2"] == pytest.approx(0.6)
+    assert credit_lab.summarise(pd.DataFrame([lost]))["win_rate_2"] == 0.0
     table = credit_lab.branch_table({"arpo": branches, "grpo": [record]})
     assert table["method"].tolist() == ["arpo"]
     assert (table.iloc[0]["branches"], table.iloc[0]["at a decision"], table.iloc[0]["at d"]) == (2, 0.5, 0.0)
