@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 
 from cbpo.data import read_jsonl, read_rows, task_file
-from cbpo.tasks import TASKS, get_task
+from cbpo.tasks import get_task, has_decisions
 from eval.figures import dump_step, figure, save
 
 COLUMNS = ("method", "task", "step", "rollouts", "decisions_sampled", "p_win", "win_rate", "reward_win", "reward_lose",
@@ -84,9 +84,9 @@ def fork_questions(data_dir: Path) -> Callable[[str], tuple[str, Callable, str] 
 
     def lookup(problem: str):
         task = problem.split("-", 1)[0]
-        spans = getattr(get_task(task), "decision_spans", None) if task in TASKS else None
-        if spans is None:
+        if not has_decisions(task):
             return None
+        spans = get_task(task).decision_spans
         if task not in cache:
             cache[task] = {row["id"]: row["question"] for row in read_rows(task_file(data_dir, task, "train"))}
         if problem not in cache[task]:
@@ -124,6 +124,7 @@ def rollout_record(row: dict, tokenizer, decision_spans: Callable, question: str
 
     second = firsts[1] if len(spans) > 1 and len(firsts) > 1 else None
     second_wins = second is not None and spans[1]["wins"]
+    branched = row["kind"] == "branch" and first is not None and row.get("at") is not None
     record = {
         "kind": row["kind"],
         # A branch that starts after the decision copied it from its parent.
@@ -149,9 +150,8 @@ def rollout_record(row: dict, tokenizer, decision_spans: Callable, question: str
         "chosen_at_decision": [],
         "candidates_at_decision": [],
         # A branch's own boundary (any branching method): b - d and whether b is a decision's first token.
-        "branch": [row["at"] - first] if row["kind"] == "branch" and first is not None and row.get("at") is not None else [],
-        "branch_at_decision": [row["at"] in starts] if row["kind"] == "branch" and first is not None
-        and row.get("at") is not None else [],
+        "branch": [row["at"] - first] if branched else [],
+        "branch_at_decision": [row["at"] in starts] if branched else [],
     }
     if first is not None and "chosen" in row:
         for key in ("chosen", "candidates"):

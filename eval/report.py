@@ -191,13 +191,13 @@ def device_seconds(steps: Sequence[Sequence[dict]], summaries: Sequence[dict], d
     return float(train + sum(s["generation_seconds"] * s.get("devices", devices_per_job) for s in summaries))
 
 
-def evaluation_setting(summary: Path, key: str):
-    """The ``evaluation.<key>`` an evaluation ran with (its provenance); None where unrecorded.
-    ``limit`` None: the whole benchmark."""
+def evaluation_settings(summary: Path) -> dict:
+    """The ``evaluation`` settings an evaluation ran with (its provenance); empty where
+    unrecorded. ``limit`` None: the whole benchmark."""
     provenance = summary.with_name("provenance.json")
     if not provenance.is_file():
-        return None
-    return json.loads(provenance.read_text()).get("config", {}).get("evaluation", {}).get(key)
+        return {}
+    return json.loads(provenance.read_text()).get("config", {}).get("evaluation", {})
 
 
 def seed_cells(seed: Seed, run: str, configs: Mapping[str, dict], budget: Budget) -> tuple[list[dict], set[str]]:
@@ -206,10 +206,11 @@ def seed_cells(seed: Seed, run: str, configs: Mapping[str, dict], budget: Budget
     with a fallback metric (to be marked)."""
     paths = {b: seed.summaries / run / b / "summary.json" for b in configs}
     read = {b: json.loads(path.read_text()) for b, path in paths.items() if path.is_file()}
-    for b in read:
-        if evaluation_setting(paths[b], "forced"):
+    settings = {b: evaluation_settings(paths[b]) for b in read}
+    for b, evaluation in settings.items():
+        if evaluation.get("forced"):
             raise ValueError(f"{paths[b]} is a forced-choice diagnostic (evaluation.forced), not an evaluation of {b}")
-    subset = {b: evaluation_setting(paths[b], "limit") is not None for b in read}
+    subset = {b: evaluation.get("limit") is not None for b, evaluation in settings.items()}
     column = {b: config["display_name"] for b, config in configs.items()}
     scores = {column[b]: 100.0 * read[b]["pass@1"] if b in read else np.nan for b in configs}
     cells = [{"column": column[b], "value": scores[column[b]], "summary": str(paths[b]) if b in read else "",

@@ -70,7 +70,7 @@ def make_generate(engine, tokenizer, tools, agent_cfg, system_prompt: str | None
             t.response_ids += ids
             t.model_mask += [is_model] * len(ids)
             t.tool_calls += not is_model
-        t.logprobs = t.entropies = [0.0] * len(t.response_ids)
+        t.logprobs, t.entropies = [0.0] * len(t.response_ids), [0.0] * len(t.response_ids)
         t.copied_tool_calls = t.tool_calls
         return t
 
@@ -94,10 +94,10 @@ def forced_prefixes(cfg: DictConfig, bench: str) -> dict[str, str] | None:
     None for an ordinary evaluation."""
     if not cfg.evaluation.forced:
         return None
-    from cbpo.tasks import TASKS, get_task
+    from cbpo.tasks import TASKS, has_decisions
     from cbpo.tasks.forks import winning_prefixes
 
-    with_decisions = sorted(t for t in TASKS if hasattr(get_task(t), "decision_spans"))
+    with_decisions = sorted(filter(has_decisions, TASKS))
     if bench not in with_decisions or bench not in cfg.data.tasks:
         raise ValueError(f"evaluation.forced={cfg.evaluation.forced} needs a task of the run's data with decisions; "
                          f"{bench} is not one (with decisions: {', '.join(with_decisions)})")

@@ -26,3 +26,10 @@ def get_task(name: str):
     if name not in TASKS:
         raise KeyError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
     return importlib.import_module(TASKS[name])
+
+
+def has_decisions(name: str) -> bool:
+    """Whether ``name`` is a built-in task that marks its decisions (``decision_spans``,
+    ``N_DECISIONS``: the fork and chain tasks, ``cbpo.tasks.forks``); any other name, a
+    benchmark for instance, is not."""
+    return name in TASKS and hasattr(get_task(name), "decision_spans")

@@ -141,25 +141,26 @@ def sample_problem(rng: random.Random) -> Problem:
     return problem
 
 
-def generate(seed: int, n_train: int, n_test: int) -> dict[str, list[dict]]:
-    """``{"train": rows, "test": rows}`` with distinct questions, deterministic in ``seed``."""
+def distinct_problems(rng: random.Random, n_train: int, n_test: int) -> dict[str, list[Problem]]:
+    """``{"test": problems, "train": problems}`` drawn from ``rng``, no question twice across
+    both; the test split first, so it does not change with ``n_train``."""
     if n_train < 0 or n_test < 0:
         raise ValueError(f"split sizes must be >= 0, got n_train={n_train}, n_test={n_test}")
-    rng = random.Random(f"arith-{seed}")
     seen: set[str] = set()
-    splits: dict[str, list[dict]] = {}
+    splits: dict[str, list[Problem]] = {}
     for split, size in (("test", n_test), ("train", n_train)):
-        rows = splits[split] = []
-        while len(rows) < size:
+        problems = splits[split] = []
+        while len(problems) < size:
             problem = sample_problem(rng)
-            if problem.question in seen:
-                continue
-            seen.add(problem.question)
-            rows.append({
-                "id": f"arith-{split}-{len(rows):06d}",
-                "question": problem.question,
-                "answer": str(problem.value),
-                "domain": "math",
-                "trace": trace(problem),
-            })
-    return {"train": splits["train"], "test": splits["test"]}
+            if problem.question not in seen:
+                seen.add(problem.question)
+                problems.append(problem)
+    return splits
+
+
+def generate(seed: int, n_train: int, n_test: int) -> dict[str, list[dict]]:
+    """``{"train": rows, "test": rows}`` with distinct questions, deterministic in ``seed``."""
+    problems = distinct_problems(random.Random(f"arith-{seed}"), n_train, n_test)
+    return {split: [{"id": f"arith-{split}-{n:06d}", "question": problem.question, "answer": str(problem.value),
+                     "domain": "math", "trace": trace(problem)} for n, problem in enumerate(problems[split])]
+            for split in ("train", "test")}

@@ -27,7 +27,7 @@ import ast
 import random
 
 from cbpo.chat import TOOL_TAGS, format_observation
-from cbpo.tasks.arith import Problem, sample_problem
+from cbpo.tasks.arith import Problem, distinct_problems
 from cbpo.tasks.arith_fork import estimate
 from cbpo.tasks.forks import chain_decisions, chain_losers
 
@@ -95,21 +95,12 @@ def generate(seed: int, n_train: int, n_test: int, p_lose: float = 0.5) -> dict[
     each decision a share ``p_lose`` of the traces that reach it takes the losing choice
     (``forks.chain_losers``). The test split is drawn first, so neither its questions nor its
     traces change with ``n_train``; ``p_lose`` changes only which traces lose."""
-    if n_train < 0 or n_test < 0:
-        raise ValueError(f"split sizes must be >= 0, got n_train={n_train}, n_test={n_test}")
-    rng, lose_rng = random.Random(f"arith_chain-{seed}"), random.Random(f"arith_chain-lose-{seed}")
-    seen: set[str] = set()
+    problems = distinct_problems(random.Random(f"arith_chain-{seed}"), n_train, n_test)
+    lose_rng = random.Random(f"arith_chain-lose-{seed}")
     splits: dict[str, list[dict]] = {}
-    for split, size in (("test", n_test), ("train", n_train)):
-        problems: list[Problem] = []
-        while len(problems) < size:
-            problem = sample_problem(rng)
-            if problem.question not in seen:
-                seen.add(problem.question)
-                problems.append(problem)
-        losers = chain_losers(lose_rng, size, p_lose, len(KINDS))
+    for split in ("test", "train"):  # the losing draws in this order too
         splits[split] = []
-        for n, (problem, loses_at) in enumerate(zip(problems, losers)):
+        for n, (problem, loses_at) in enumerate(zip(problems[split], chain_losers(lose_rng, len(problems[split]), p_lose, len(KINDS)))):
             text, decisions = chain_trace(problem, loses_at)
             splits[split].append({"id": f"arith_chain-{split}-{n:06d}", "question": problem.question,
                                   "answer": str(problem.value), "domain": "math", "trace": text,

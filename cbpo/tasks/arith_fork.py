@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 
 from cbpo.chat import TOOL_TAGS
-from cbpo.tasks.arith import Problem, sample_problem, trace
+from cbpo.tasks.arith import Problem, distinct_problems, trace
 from cbpo.tasks.forks import decision, first_action_decision, losing_rows
 
 # First action tag -> (kind, wins). A search cannot compute the answer.
@@ -56,17 +56,10 @@ def generate(seed: int, n_train: int, n_test: int, p_lose: float = 0.5) -> dict[
     share ``p_lose`` of each split's traces answers directly. The test split is drawn first, so
     neither its questions nor its traces change with ``n_train``; ``p_lose`` changes only which
     traces lose, never the questions."""
-    if n_train < 0 or n_test < 0:
-        raise ValueError(f"split sizes must be >= 0, got n_train={n_train}, n_test={n_test}")
-    rng, lose_rng = random.Random(f"arith_fork-{seed}"), random.Random(f"arith_fork-lose-{seed}")
-    seen: set[str] = set()
-    splits: dict[str, list[dict]] = {}
-    for split, size in (("test", n_test), ("train", n_train)):
-        losers = losing_rows(lose_rng, size, p_lose)
-        rows = splits[split] = []
-        while len(rows) < size:
-            problem = sample_problem(rng)
-            if problem.question not in seen:
-                seen.add(problem.question)
-                rows.append(_row(split, len(rows), problem, len(rows) in losers))
+    problems = distinct_problems(random.Random(f"arith_fork-{seed}"), n_train, n_test)
+    lose_rng = random.Random(f"arith_fork-lose-{seed}")
+    splits = {}
+    for split in ("test", "train"):  # the losing draws in this order too
+        losers = losing_rows(lose_rng, len(problems[split]), p_lose)
+        splits[split] = [_row(split, n, problem, n in losers) for n, problem in enumerate(problems[split])]
     return {"train": splits["train"], "test": splits["test"]}

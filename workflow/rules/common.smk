@@ -13,7 +13,7 @@ from cbpo.data import data_files, shared_data_dir
 from cbpo.models import MODELS
 from cbpo.registry import get_method, known_methods
 from cbpo.schema import register
-from cbpo.tasks import TASKS, get_task
+from cbpo.tasks import TASKS, get_task, has_decisions
 from eval.benchmarks import benchmark_config, planned_file
 
 ROOT = workflow.basedir  # the repository: configs live there, outputs go to the workdir

@@ -7,7 +7,7 @@ FIG5_METHODS = ["gigpo", "arpo", "cbpo"]  # Fig. 5 (a, b); CBPO's rollout dump f
 FIG4_METHODS = ["arpo", "cbpo"]
 MATH_BENCHMARKS = [b for b in BENCHMARKS if benchmark_config(b)["domain"] == "math"]
 # Data whose tasks mark their decisions (data=forks) also get the credit lab (eval.credit_lab).
-DECISIONS = any(hasattr(get_task(t), "decision_spans") for t in data_config(DATA).get("tasks", []) if t in TASKS)
+DECISIONS = any(has_decisions(t) for t in data_config(DATA).get("tasks", []))
 FIGURES = ["fig2", "fig5"] + ["curves"] * bool(METHODS) + ["fig4"] * bool(MATH_BENCHMARKS) + ["credit_lab"] * (DECISIONS and bool(METHODS))
 FIGURE_PARAMS = dict(out=lambda w, output: output[0].removesuffix(".png"), label=LABEL)
 

@@ -5,7 +5,7 @@
 STUDY_SEEDS = seed_list("study_seeds")
 # Benchmarks that are tasks with decisions -> decisions per response: the SFT policy is also
 # evaluated with the winning choice forced at its first k of them (eval.forced, issue #25).
-FORCED = {b: get_task(b).N_DECISIONS for b in BENCHMARKS if b in TASKS and hasattr(get_task(b), "decision_spans")}
+FORCED = {b: get_task(b).N_DECISIONS for b in BENCHMARKS if has_decisions(b)}
 
 
 rule evaluate_forced:
