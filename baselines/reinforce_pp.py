@@ -1,19 +1,27 @@
 """REINFORCE++ (Hu et al., 2025, "REINFORCE++: Stabilizing Critic-Free Policy Optimization with
-Global Advantage Normalization", arXiv 2501.03262), in its REINFORCE++-baseline form.
+Global Advantage Normalization", arXiv 2501.03262).
 
-``reinforce_pp`` is REINFORCE++-baseline, the paper's variant for several responses per prompt
-(the shared 16 slots), with BASELINES.md's recommended KL placement: each reward minus its
-group's mean, A_i = R_i - mean_G (no division by the group std), broadcast to the rollout's
-model tokens, then whitened over every model token of the batch (token-weighted mean and
-unbiased variance: verl's ``compute_reinforce_plus_plus_baseline_outcome_advantage``, called
-here). PPO clip 0.2 and a k2 KL loss with weight 1e-3 (OpenRLHF's ``reinforce_baseline``
-recipes; verl's ``kl_loss_type=mse``), as BASELINES.md recommends.
+``reinforce_pp`` is plain REINFORCE++, the row Table 1 names (paper Sec. 3): a k1 KL penalty in
+the token reward, KL_t = log pi_old(y_t) - log pi_ref(y_t), r_t = 1[t = last] R - beta KL_t,
+gamma = 1, so A_t = R - beta sum_{s >= t} KL_s; whitened over every model token of the batch
+(global normalisation, no per-prompt baseline); PPO clip 0.2 and no separate KL loss. The
+returns and the whitening are verl's ``compute_reinforce_plus_plus_outcome_advantage``, called
+here on the rollouts' model tokens. beta = 1e-3 (verl's REINFORCE++ example, ``kl_ctrl.kl_coef``).
+The trainer hands each rollout its KL_t (``Trajectory.ref_kl``, ``registry.reward_kl``): the
+local trainer from one pass of the policy and the reference model, verl from its batch's
+``old_log_probs`` and ``ref_log_prob`` (``algorithm.use_kl_in_reward``).
 
-Departures. Plain REINFORCE++ (k1 KL folded into a token reward, gamma = 1) is not the row
-trained here: it needs reference log-probs inside the advantage, and verl 0.8's version of it
-zeroed the return at observation tokens, so earlier turns lost the outcome reward. The baseline
-form has no return to carry: the whitening sees model tokens only, so every turn of a multi-turn
-rollout gets the same advantage. A batch with fewer than two model tokens has no variance to
+``baseline=true`` is REINFORCE++-baseline, the paper's variant for several responses per prompt
+(``variants.reinforce_pp-baseline`` in workflow/config.yaml): each reward minus its group's mean,
+A_i = R_i - mean_G (no division by the group std), broadcast to the rollout's model tokens, then
+whitened over every model token of the batch (verl's
+``compute_reinforce_plus_plus_baseline_outcome_advantage``); the variant puts its KL in a k2 loss
+of weight 1e-3 instead (OpenRLHF's ``reinforce_baseline`` recipes; verl's ``kl_loss_type=mse``), as
+BASELINES.md recommends.
+
+Multi-turn rollouts: observation tokens carry no reward and no KL, and the return runs over the
+model tokens only, so every turn sees the outcome reward (verl 0.9.1 carries the return through
+observation tokens the same way). A batch with fewer than two model tokens has no variance to
 whiten by and gets advantage 0.
 """
 from __future__ import annotations
@@ -25,36 +33,53 @@ import numpy as np
 import torch
 
 from cbpo.objective import ObjectiveConfig
-from cbpo.registry import Sampler, TokenCredit, broadcast, register_method, sample_fresh
+from cbpo.registry import Sampler, TokenCredit, register_method, sample_fresh
 from cbpo.trajectory import Trajectory
 
 
 @dataclass(frozen=True)
 class ReinforcePPConfig(ObjectiveConfig):
     budget: int = 16  # rollouts per problem (the paper's shared 16 slots)
-    kl_estimator: str = "mse"  # k2 KL loss (OpenRLHF --kl_estimator k2)
-    beta: float = 0.001
+    baseline: bool = False  # True: REINFORCE++-baseline (group mean subtracted), a variant
+    kl_coef: float = 0.001  # beta of the k1 KL in the token reward (verl's REINFORCE++ example)
+    beta: float = 0.0  # no KL loss: plain REINFORCE++ has its KL in the reward
+    kl_estimator: str = "mse"  # the KL loss's estimator where beta > 0 (the -baseline variant: k2)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.kl_coef >= 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
 
 
-def reinforce_pp_baseline_advantages(rewards: Sequence[Sequence[float]], n_tokens: Sequence[Sequence[int]]) -> list[np.ndarray]:
-    """REINFORCE++-baseline over a batch of groups: the advantage of each rollout (the same on
-    all its model tokens). ``rewards[g][i]`` and ``n_tokens[g][i]`` describe rollout i of group g."""
-    from verl.trainer.ppo.core_algos import compute_reinforce_plus_plus_baseline_outcome_advantage
+def reinforce_pp_advantages(rewards: Sequence[Sequence[float]], kls: Sequence[Sequence[np.ndarray]],
+                            kl_coef: float, baseline: bool = False) -> list[list[np.ndarray]]:
+    """REINFORCE++ (or, with ``baseline``, REINFORCE++-baseline) over a batch of groups: each
+    rollout's advantage on each of its model tokens. ``rewards[g][i]`` is rollout i of group g's
+    outcome reward, ``kls[g][i]`` its KL_t on its model tokens (zeros where ``kl_coef`` is 0)."""
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo.core_algos import (compute_reinforce_plus_plus_baseline_outcome_advantage,
+                                             compute_reinforce_plus_plus_outcome_advantage)
 
-    flat_r = np.array([r for g in rewards for r in g], dtype=np.float64)
-    flat_n = np.array([n for g in n_tokens for n in g], dtype=np.int64)
-    index = np.array([k for k, g in enumerate(rewards) for _ in g])
-    adv = np.zeros_like(flat_r)
-    if flat_n.sum() >= 2:
-        width = int(flat_n.max())
-        mask = torch.from_numpy(np.arange(width)[None, :] < flat_n[:, None]).double()
-        scores = torch.zeros((len(flat_r), width), dtype=torch.float64)
-        scores[:, 0] = torch.from_numpy(flat_r)  # verl sums each row: where the reward sits is free
-        token_adv, _ = compute_reinforce_plus_plus_baseline_outcome_advantage(scores, mask, index)
-        has = flat_n > 0
-        adv[has] = token_adv[torch.from_numpy(has), 0].numpy()
+    flat_r = [r for g in rewards for r in g]
+    flat_kl = [np.asarray(k, dtype=np.float64) for g in kls for k in g]
+    lengths = np.array([len(k) for k in flat_kl], dtype=np.int64)
+    out = [np.zeros(n) for n in lengths]
+    if lengths.sum() >= 2:
+        width = int(lengths.max())
+        mask = torch.from_numpy(np.arange(width)[None, :] < lengths[:, None]).double()
+        token_rewards = torch.zeros((len(flat_r), width), dtype=torch.float64)
+        for i, (r, k) in enumerate(zip(flat_r, flat_kl)):
+            if len(k):
+                token_rewards[i, : len(k)] = torch.from_numpy(-kl_coef * k)
+                token_rewards[i, len(k) - 1] += r
+        if baseline:
+            index = np.array([g for g, group in enumerate(rewards) for _ in group])
+            adv, _ = compute_reinforce_plus_plus_baseline_outcome_advantage(token_rewards, mask, index)
+        else:
+            adv, _ = compute_reinforce_plus_plus_outcome_advantage(token_rewards, mask, AlgoConfig(gamma=1.0))
+        out = [adv[i, :n].numpy() for i, n in enumerate(lengths)]
     bounds = np.cumsum([0, *(len(g) for g in rewards)])
-    return [adv[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    return [out[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 @register_method("reinforce_pp")
@@ -63,16 +88,23 @@ class ReinforcePP:
     paper = "Hu et al., 2025, REINFORCE++: Stabilizing Critic-Free Policy Optimization with Global Advantage Normalization, arXiv 2501.03262"
     group = "classic-rl"
     trains = True
-    implemented = "REINFORCE++-baseline: reward minus group mean, whitened over the batch's model tokens; PPO clip, k2 KL loss 1e-3"
+    implemented = ("REINFORCE++: k1 KL in the token reward (beta 1e-3), gamma 1, returns whitened over the batch's model "
+                   "tokens, PPO clip; baseline=true: REINFORCE++-baseline (group mean, k2 KL loss)")
     config = ReinforcePPConfig
 
     def __init__(self, vocab_size: int | None = None, **overrides: Any):
         # vocab_size is part of every method's constructor; REINFORCE++ does not need it.
         self.cfg = ReinforcePPConfig.from_overrides(overrides)
 
+    @property
+    def reward_kl(self) -> float:
+        """beta of the KL in the token reward: the trainer fills ``Trajectory.ref_kl`` where > 0."""
+        return self.cfg.kl_coef
+
     def collect(self, prompts: Sequence[list[int]], sample: Sampler) -> list[list[Trajectory]]:
         return sample_fresh(prompts, self.cfg.budget, sample)
 
     def credit(self, groups: Sequence[Sequence[Trajectory]]) -> list[list[TokenCredit]]:
-        adv = reinforce_pp_baseline_advantages([[t.reward for t in g] for g in groups], [[t.n_model_tokens for t in g] for g in groups])
-        return [broadcast(g, a) for g, a in zip(groups, adv)]
+        kls = [[t.model_ref_kl() if self.cfg.kl_coef else np.zeros(t.n_model_tokens) for t in g] for g in groups]
+        adv = reinforce_pp_advantages([[t.reward for t in g] for g in groups], kls, self.cfg.kl_coef, self.cfg.baseline)
+        return [[(a, np.ones(len(a), dtype=np.int8)) for a in g] for g in adv]

@@ -167,6 +167,12 @@ def collect(method, prompts: Sequence[list[int]], sample: Sampler, problems: Pro
     return method.collect(prompts, sample)
 
 
+def reward_kl(method) -> float:
+    """beta of a KL penalty in the method's token reward (REINFORCE++); 0: none. Where > 0 the
+    trainer fills each rollout's ``ref_kl`` before ``credit``."""
+    return float(getattr(method, "reward_kl", 0.0))
+
+
 def step_stats(method) -> dict[str, float]:
     return method.step_stats() if hasattr(method, "step_stats") else {}
 

@@ -379,6 +379,25 @@ def policy_update(model, ref_model, opt, trajs, credits, cfg: RLConfig, objectiv
     return totals
 
 
+def fill_ref_kl(model, ref_model, trajs: Sequence[Trajectory], cfg: RLConfig, pad_id: int,
+                dtype: torch.dtype = torch.float32) -> None:
+    """Each rollout's ``ref_kl``: log pi_old - log pi_ref (k1) of its sampled tokens, for a method
+    whose token reward carries the KL (``registry.reward_kl``, REINFORCE++). pi_old is the policy
+    that sampled them, at the sampling temperature, as verl's ``old_log_probs`` and ``ref_log_prob``
+    from which its ``apply_kl_penalty`` computes the same k1 KL; 0 on observation tokens."""
+    temp = cfg.temperature if cfg.temperature > 0 else 1.0
+    for s in range(0, len(trajs), cfg.micro_batch_size):
+        chunk = trajs[s : s + cfg.micro_batch_size]
+        batch = rollout_tensors(chunk, [(np.zeros(t.n_model_tokens), np.ones(t.n_model_tokens)) for t in chunk], pad_id,
+                                model.device)
+        with torch.no_grad(), autocast(model.device, dtype):
+            kl = (token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["n_resp"], temp)
+                  - token_logprobs(ref_model, batch["input_ids"], batch["attention_mask"], batch["n_resp"], temp))
+        kl = (kl.float() * batch["loss_mask"]).cpu()  # the loss mask given here is the model-token mask
+        for t, row in zip(chunk, kl):
+            t.ref_kl = row[: len(t.response_ids)].tolist()
+
+
 def stratified_pick(domains: Sequence[str], n: int, rng: np.random.Generator) -> list[int]:
     """``n`` distinct row indices, split as evenly as possible across domains (math/search),
     so one step's reward does not swing with its domain mix. Depends only on the rng."""
@@ -415,7 +434,8 @@ def rl_train(
         raise ValueError(f"rl.pool_size={cfg.pool_size} must lie between problems_per_step={cfg.problems_per_step} "
                          f"and the {len(rows)} training rows")
     objective = method.cfg.objective()
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if objective.beta > 0 else None
+    reward_kl = registry.reward_kl(method)  # REINFORCE++'s KL in the reward needs the reference model too
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if objective.beta > 0 or reward_kl > 0 else None
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     # K of Eq. 6 is the method's (CBPO's method.top_k); other methods keep the engine's K = 10.
     entropy_k = {"top_k_entropy": method.cfg.top_k} if hasattr(method.cfg, "top_k") else {}
@@ -457,6 +477,8 @@ def rl_train(
         owner_rows = [rows[i] for i, g in zip(pick, groups) for _ in g]
         unscored = [k for k, t in enumerate(flat) if t.reward is None]
         _reward(tokenizer, rewarder, [flat[k] for k in unscored], [owner_rows[k] for k in unscored])
+        if reward_kl > 0 and flat:
+            fill_ref_kl(model, ref_model, flat, cfg, tokenizer.pad_token_id, dtype)
         credits = [c for g in method.credit(groups) for c in g] if groups else []
         model.train()
         stats = policy_update(model, ref_model, opt, flat, credits, cfg, objective, tokenizer.pad_token_id, dtype) if flat \

@@ -32,6 +32,9 @@ class Trajectory:
     parent: int | None = None  # index of the parent in R_x (branches only)
     at: int | None = None  # branch boundary b, in model-token positions (branches only)
     reward: float | None = None
+    # log pi_old - log pi_ref of each sampled token (k1), 0.0 on observation tokens: filled by the
+    # trainer, after collection, only for a method whose reward carries the KL (registry.reward_kl).
+    ref_kl: list[float] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -65,6 +68,12 @@ class Trajectory:
         ent = np.asarray(self.entropies, dtype=np.float64)
         return ent[self.model_positions()] if len(ent) else ent
 
+    def model_ref_kl(self) -> np.ndarray:
+        if len(self.ref_kl) != len(self.response_ids):
+            raise ValueError(f"ref_kl has {len(self.ref_kl)} values for {len(self.response_ids)} response tokens: "
+                             "the trainer fills it for methods with registry.reward_kl > 0")
+        return np.asarray(self.ref_kl, dtype=np.float64)[self.model_positions()]
+
     def tool_boundaries(self) -> list[int]:
         """Model-token positions where the model resumes right after a tool observation."""
         mask = np.asarray(self.model_mask, dtype=bool)
@@ -87,6 +96,7 @@ class Trajectory:
             model_mask=self.model_mask[:cut],
             logprobs=self.logprobs[:cut],
             entropies=self.entropies[:cut],
+            ref_kl=self.ref_kl[:cut],
             finish="",
             tool_calls=self._observation_runs(cut),
             copied_tool_calls=self._observation_runs(cut),

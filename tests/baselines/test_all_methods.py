@@ -4,7 +4,7 @@ model token of each rollout."""
 import numpy as np
 import pytest
 
-from cbpo.registry import METHOD_MODULES, collect, get_method, prompt_pool, setup
+from cbpo.registry import METHOD_MODULES, collect, get_method, prompt_pool, reward_kl, setup
 
 TRAINING = [name for name in METHOD_MODULES if get_method(name).trains]
 
@@ -21,6 +21,10 @@ def test_collect_fills_the_budget_and_credit_covers_every_model_token(name, fake
     kept = [g for g in groups if g]
     assert len(kept) == 2 and all(len(g) == budget for g in kept)
     reward_rest(kept)
+    if reward_kl(method) > 0:  # the trainer's fill_ref_kl: REINFORCE++'s KL in the reward
+        rng = np.random.default_rng(0)
+        for t in (t for g in kept for t in g):
+            t.ref_kl = (rng.normal(0, 0.1, len(t.response_ids)) * np.asarray(t.model_mask)).tolist()
     for g, credits in zip(kept, method.credit(kept)):
         assert len(credits) == budget
         for t, (adv, mask) in zip(g, credits):

@@ -230,6 +230,49 @@ def test_rl_train_takes_the_objective_and_entropy_k_from_the_method(model, token
     assert seen["ref"] is not None
 
 
+def test_reinforce_pp_gets_each_rollouts_k1_kl_against_the_reference_before_credit(model, tokenizer, tmp_path, monkeypatch):
+    # Plain REINFORCE++ puts beta KL_t in its token reward: the loop keeps a reference model
+    # though the method has no KL loss, and before credit each rollout's ref_kl is
+    # log pi_old - log pi_ref of its sampled tokens (0 on observations). The reference here is
+    # a perturbed copy, so the KL is not zero; it is recomputed by hand from both models.
+    import copy
+
+    import cbpo.trainer as trainer
+    from cbpo.registry import get_method
+    from cbpo.rollout.agent import AgentConfig
+
+    seen = {}
+    real_fill = trainer.fill_ref_kl
+
+    def fill(model, ref_model, trajs, cfg, pad_id, dtype):
+        with torch.no_grad():
+            for p in ref_model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        real_fill(model, ref_model, trajs, cfg, pad_id, dtype)
+        seen.update(ref=ref_model, trajs=list(trajs))
+
+    def update(model, ref_model, opt, trajs, credits, cfg, objective, pad_id, dtype):
+        seen.update(objective=objective, credits=credits)
+        return {"loss": 0.0}
+
+    monkeypatch.setattr(trainer, "fill_ref_kl", fill)
+    monkeypatch.setattr(trainer, "policy_update", update)
+    method = get_method("reinforce_pp")(vocab_size=len(tokenizer), budget=3)
+    rows = [{"id": "a", "question": "What is 1 plus 2?", "answer": "3", "domain": "math"}]
+    cfg = RLConfig(steps=1, problems_per_step=1, temperature=1.0, agent=AgentConfig(max_new_tokens=6, max_total_tokens=12))
+    trainer.rl_train(model, tokenizer, method, rows, {}, lambda texts, rows: [1.0, 0.0, 0.0][: len(texts)], cfg, tmp_path,
+                     trainer.MetricsLog(tmp_path / "m.jsonl"), None)
+    assert seen["objective"].beta == 0.0 and seen["ref"] is not None
+    t = seen["trajs"][0]
+    ids = torch.tensor([t.prompt_ids + t.response_ids])
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        by_hand = (trainer.token_logprobs(model, ids, mask, len(t.response_ids))
+                   - trainer.token_logprobs(seen["ref"], ids, mask, len(t.response_ids)))[0].numpy()
+    np.testing.assert_allclose(t.ref_kl, by_hand * np.asarray(t.model_mask), atol=1e-5)
+    assert np.abs(t.ref_kl).max() > 1e-3 and all(len(c[0]) == u.n_model_tokens for c, u in zip(seen["credits"], seen["trajs"]))
+
+
 def test_rollouts_are_dumped_every_kth_step_and_at_the_last(model, tokenizer, tmp_path):
     # Paper-scale dumps are large: dump_every keeps a few steps (and always the last, which
     # the figures read) instead of every one.

@@ -3,7 +3,7 @@
 Every knob comes from the suite's config (model, data, method, rollout, rl, tools): the same
 YAML trains on either backend. Credit is the suite's own for every method: ``algorithm.
 adv_estimator`` names the estimator verl would use on its own, for the methods it has one for
-(GRPO, REINFORCE++-baseline), and is overridden by ``credit.py`` in the trainer subclass, which
+(GRPO, REINFORCE++ and its -baseline variant), and is overridden by ``credit.py`` in the trainer subclass, which
 sees the batch's non-tensor data (prefix groups, branch points) that a registered estimator
 never receives (verl 0.9's ``compute_advantage`` passes it rewards, the response mask and uid).
 OPD is the exception: its advantage needs the teacher, so it is verl's own on-policy distillation
@@ -49,7 +49,7 @@ class VerlConfig:
 
 # verl's own advantage estimator where one computes what the suite's method does; the rest
 # run on the suite's credit alone (credit.py), named so in verl's logs.
-VERL_ESTIMATORS = {"grpo": "grpo", "gspo": "grpo", "dapo": "grpo", "reinforce_pp": "reinforce_plus_plus_baseline"}
+VERL_ESTIMATORS = {"grpo": "grpo", "gspo": "grpo", "dapo": "grpo", "reinforce_pp": "reinforce_plus_plus"}
 SUITE_CREDIT = "cbpo_suite_credit"
 AGENT_LOOP = "cbpo_group"  # the M calls of a problem share its group (agent_loop.GroupRollouts)
 AGENT_LOOPS = "agent_loops.yaml"  # in verl's run folder: registers AGENT_LOOP in every agent-loop worker
@@ -115,7 +115,7 @@ def overrides(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files
             },
             "ref": {"log_prob_micro_batch_size_per_gpu": verl_cfg.micro_batch_per_gpu},
         },
-        "algorithm": {"adv_estimator": VERL_ESTIMATORS.get(cfg.method.name, SUITE_CREDIT), "use_kl_in_reward": False},
+        "algorithm": {"adv_estimator": estimator(cfg.method.name, method_cfg), **reward_kl(method_cfg)},
         "distillation": distillation(method_cfg, verl_cfg) if cfg.method.name in DISTILLED else {"enabled": False},
         "critic": {"enable": False},
         "trainer": {
@@ -129,6 +129,22 @@ def overrides(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files
             "use_v1": False, "max_actor_ckpt_to_keep": 1,  # as the local trainer, the newest checkpoint only
         },
     }
+
+
+def estimator(name: str, method_cfg) -> str:
+    if name == "reinforce_pp" and method_cfg.baseline:
+        return "reinforce_plus_plus_baseline"
+    return VERL_ESTIMATORS.get(name, SUITE_CREDIT)
+
+
+def reward_kl(method_cfg) -> dict:
+    """REINFORCE++'s k1 KL in the token reward (``kl_coef`` > 0) as verl's ``use_kl_in_reward``
+    with a fixed coefficient: verl then computes the reference log-probs the suite's credit reads
+    (credit.py), and its own penalised ``token_level_rewards``, which the suite does not use."""
+    beta = getattr(method_cfg, "kl_coef", 0.0)
+    if not beta:
+        return {"use_kl_in_reward": False}
+    return {"use_kl_in_reward": True, "kl_penalty": "kl", "kl_ctrl": {"type": "fixed", "kl_coef": beta}}
 
 
 def teacher_pool(verl_cfg: VerlConfig) -> tuple[int, int]:

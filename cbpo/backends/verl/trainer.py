@@ -87,7 +87,7 @@ def step_rollouts(data) -> dict:
     """The rollout part of a step's metrics line, under the local trainer's names, from verl's
     batch after rewards."""
     nt = data.non_tensor_batch
-    rewards = data.batch["token_level_rewards"].sum(-1).cpu().numpy()
+    rewards = data.batch["token_level_scores"].sum(-1).cpu().numpy()  # outcome rewards, before a KL penalty
     domains = np.array([str(d) for d in nt["cbpo_domain"]])
     kinds = [str(k) for k in nt["cbpo_kind"]]
     return {

@@ -171,6 +171,7 @@ def test_verls_actor_loss_is_the_local_loss_on_one_batch(tmp_path, method):
     from verl.trainer.ppo import core_algos
     from verl.utils.config import omega_conf_to_dataclass
 
+    import baselines.aepo_loss  # noqa: F401  AEPO's verl policy loss, as verl's processes import it (launch.VERL_MODULES)
     from cbpo.objective import policy_objective
 
     schema.register()
@@ -217,3 +218,15 @@ def test_aepos_loss_is_registered_in_a_process_that_imports_verl_with_the_suites
                          env={**os.environ, "VERL_USE_EXTERNAL_MODULES": "baselines.aepo_loss"}, cwd=CONFIGS.parent)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == "entropy_balanced_clip_loss"
+
+
+def test_reinforce_pp_puts_its_kl_in_verls_reward_and_its_baseline_variant_in_a_k2_loss(tmp_path):
+    # Issue 24.6: Table 1's REINFORCE++ is the plain form (verl's reinforce_plus_plus with the k1
+    # KL in the reward, a fixed 1e-3); REINFORCE++-baseline is the workflow's variant.
+    v = generated(tmp_path, "method=reinforce_pp")
+    algo, actor = v.algorithm, v.actor_rollout_ref.actor
+    assert (algo.adv_estimator, algo.use_kl_in_reward, algo.kl_penalty) == ("reinforce_plus_plus", True, "kl")
+    assert (algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, actor.use_kl_loss) == ("fixed", 0.001, False)
+    b = generated(tmp_path, "method=reinforce_pp", "method.baseline=true", "method.kl_coef=0", "method.beta=0.001")
+    assert (b.algorithm.adv_estimator, b.algorithm.use_kl_in_reward) == ("reinforce_plus_plus_baseline", False)
+    assert (b.actor_rollout_ref.actor.use_kl_loss, b.actor_rollout_ref.actor.kl_loss_type) == (True, "mse")

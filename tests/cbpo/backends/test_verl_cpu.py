@@ -151,4 +151,6 @@ def test_every_other_method_trains_on_verl(study, method):
     start = time.monotonic()
     train(study, method, *teacher)
     lines = check_finished(run_dir(study, method), 2, rollouts=None)
+    if method == "reinforce_pp":  # its k1 KL in the reward: verl computed the reference log-probs
+        assert all(m["reward_kl_penalty_coeff"] == 0.001 for m in lines)
     print(f"{method} on verl: {time.monotonic() - start:.0f} s,", [(m["step"], m["rollouts"]) for m in lines])

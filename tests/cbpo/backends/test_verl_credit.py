@@ -28,7 +28,7 @@ def verl_batch(groups, width: int, order) -> DataProto:
     fields = [credit.rollout_fields(t, k) for _, k, t in flat]
     non_tensor = {"uid": np.array([f"problem-{g}" for g, _, _ in flat], dtype=object),
                   **{f: np.array([x[f] for x in fields] + [None], dtype=object)[:-1] for f in credit.FIELDS}}
-    return DataProto.from_dict(tensors={"response_mask": mask, "token_level_rewards": rewards}, non_tensors=non_tensor)
+    return DataProto.from_dict(tensors={"response_mask": mask, "token_level_scores": rewards}, non_tensors=non_tensor)
 
 
 @pytest.mark.parametrize("method", ["cbpo", "grpo", "eapo", "branpo"])
@@ -142,3 +142,27 @@ def test_branpos_truncated_rollouts_are_masked_on_the_verl_path_too(cbpo_groups)
     r = local["advantages"].shape[1]
     assert torch.equal(batch.batch["response_mask"][:, :r].float(), local["loss_mask"])
     assert not local["loss_mask"][1].any() and local["loss_mask"][0].any()
+
+
+def test_reinforce_pps_credit_on_verl_reads_the_k1_kl_from_old_and_reference_log_probs(cbpo_groups):
+    # The verl batch's old_log_probs and ref_log_prob give each rollout's ref_kl, as the local
+    # trainer's fill_ref_kl: the same batch and KL give the same advantages on both paths, and the
+    # reward is the outcome (token_level_scores), not verl's KL-penalised token_level_rewards.
+    groups = [[t for t in g if t.kind != "branch"] for g in cbpo_groups]
+    flat = [t for g in groups for t in g]
+    rng = np.random.default_rng(5)
+    width = max(len(t.response_ids) for t in flat) + 3
+    old = torch.from_numpy(rng.normal(-2.0, 0.5, (len(flat), width))).float()
+    ref = old + torch.from_numpy(rng.normal(0.0, 0.3, (len(flat), width))).float()
+    for t, o, r in zip(flat, old, ref):
+        t.ref_kl = ((o - r)[: len(t.response_ids)].numpy() * np.asarray(t.model_mask)).tolist()
+    method = get_method("reinforce_pp")(vocab_size=64, kl_coef=0.5)
+    local = rollout_tensors(flat, [c for g in method.credit(groups) for c in g], pad_id=0)
+
+    batch = verl_batch(groups, width, range(len(flat)))
+    batch.batch["old_log_probs"], batch.batch["ref_log_prob"] = old, ref
+    batch.batch["token_level_rewards"] = batch.batch["token_level_scores"] - 0.5 * (old - ref) * batch.batch["response_mask"]
+    credit.assign(batch, get_method("reinforce_pp")(vocab_size=64, kl_coef=0.5))
+    r = local["advantages"].shape[1]
+    torch.testing.assert_close(batch.batch["advantages"][:, :r], local["advantages"], atol=1e-5, rtol=1e-5)
+    assert local["advantages"].std() > 0 and not batch.batch["advantages"][:, r:].any()

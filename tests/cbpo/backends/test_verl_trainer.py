@@ -71,7 +71,7 @@ def verl_batch(groups, counts=None) -> DataProto:
         return out
 
     non_tensor = {"uid": np.array([f"problem-{g}" for g, _, _ in flat], dtype=object), **{n: column(n) for n in fields[0]}}
-    return DataProto.from_dict(tensors={"response_mask": mask, "token_level_rewards": rewards}, non_tensors=non_tensor)
+    return DataProto.from_dict(tensors={"response_mask": mask, "token_level_scores": rewards}, non_tensors=non_tensor)
 
 
 @pytest.fixture()
@@ -284,7 +284,7 @@ def oc_batch(groups) -> DataProto:
     return DataProto.from_dict(tensors={
         "prompts": prompts, "responses": responses, "response_mask": mask, "input_ids": torch.cat([prompts, responses], 1),
         "attention_mask": attention, "position_ids": compute_position_id_with_mask(attention),
-        "token_level_rewards": rewards, "old_log_probs": old,
+        "token_level_scores": rewards, "old_log_probs": old,
     }, non_tensors=non_tensor, meta_info={"temperature": TEMPERATURE, "global_token_num": attention.sum(-1).tolist()})
 
 
