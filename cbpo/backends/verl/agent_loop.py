@@ -53,6 +53,7 @@ from cbpo.trajectory import Trajectory
 ENTROPIES, FINISH, STOP = "cbpo_entropies", "cbpo_finish_reason", "cbpo_stop_reason"
 TOP_K = "cbpo_top_k_entropy"  # the sampling parameter that asks the server for them
 STEP = "cbpo_step"  # verl's training step, a column of each generation row (SuiteTrainer._get_gen_batch)
+BATCH_ROWS = "cbpo_batch_rows"  # the training-row indices of the step's whole batch, a column of each row
 # A group's draws of replacement problems, under the local trainer's names (DAPO.step_stats): 1 if
 # the method kept an informative group, and the rollouts drawn and not returned to verl.
 DRAW_STATS = ("kept_groups", "extra_rollouts", "extra_generated_tokens", "extra_tool_calls")
@@ -124,12 +125,13 @@ class GroupRollouts:
                              f"rows, but the pool has {len(pool)}")
         self._groups: dict[str, tuple[asyncio.Task, itertools.count]] = {}
 
-    async def rollout(self, uid: str, row: Mapping[str, Any], index: int,
-                      step: int) -> tuple[Trajectory, int, Mapping[str, Any], dict, tuple[list[int], bool]]:
+    async def rollout(self, uid: str, row: Mapping[str, Any], index: int, step: int,
+                      batch_rows: Sequence[int]) -> tuple[Trajectory, int, Mapping[str, Any], dict, tuple[list[int], bool]]:
         """Rollout k of the problem's group, k, the problem it answers (the row's, or the
         replacement the method kept), the group's counts and, for a privileged rollout
         (OC-GRPO), the hinted prompt it was sampled from and whether it leaked the hint
-        (``([], False)`` for any other), for the k-th call with this uid at training ``step``.
+        (``([], False)`` for any other), for the k-th call with this uid at training ``step``, whose
+        batch holds the training rows ``batch_rows``.
 
         The counts go with rollout 0, zeros with the others: the search counts
         (``CountedSearch.since_last`` of this worker's search tool, read as the group ends) and,
@@ -138,7 +140,7 @@ class GroupRollouts:
         once, by a group of the step that made it (verl's trainer waits for all groups before it
         trains): summed over a step's batch they are the step's, as in the local trainer's line."""
         if uid not in self._groups:  # no await before this: the M calls start in order
-            self._groups[uid] = (asyncio.ensure_future(asyncio.to_thread(self._collect, uid, row, index, step)),
+            self._groups[uid] = (asyncio.ensure_future(asyncio.to_thread(self._collect, uid, row, index, step, batch_rows)),
                                  itertools.count())
         task, counter = self._groups[uid]
         k = next(counter)
@@ -148,29 +150,38 @@ class GroupRollouts:
         counts = counts if k == 0 else {key: None if n is None else 0 for key, n in counts.items()}
         return group[k], k, answered, counts, hinted.get(k, ([], False))
 
-    def replacements(self, index: int, step: int) -> list[Mapping[str, Any]]:
-        """The P - 1 problems offered after the pool's row ``index`` at training ``step``, never
-        that row: drawn from the run's seed, the step and the row's index, not verl's uid (a
-        fresh uuid every step), so a rerun offers the same and every epoch offers others, as
-        the local trainer draws each step's problems afresh."""
-        others = np.delete(np.arange(len(self.pool)), index)
-        rng = np.random.default_rng([self.seed, step, index])
-        return [self.pool[int(i)] for i in rng.choice(others, self.draws - 1, replace=len(others) < self.draws - 1)]
+    def replacements(self, index: int, step: int, batch_rows: Sequence[int]) -> list[Mapping[str, Any]]:
+        """The P - 1 problems offered after the pool's row ``index`` at training ``step``, whose
+        batch holds the rows ``batch_rows``: never a row of the batch, and never a problem
+        offered to another row of the step, as the local trainer offers each problem once per
+        step. The pool's other rows are shuffled once per step (the run's seed and the step,
+        not verl's uid, a fresh uuid every step: a rerun offers the same, every epoch others)
+        and dealt out in turn, P - 1 to each of the batch's rows by its rank. Where the pool is
+        too small for the whole batch, the last rows' offers end with their own problem again,
+        which the method does not draw twice (DAPO's collect skips a prompt it has drawn)."""
+        batch = sorted(set(int(i) for i in batch_rows))
+        if index not in batch:
+            raise ValueError(f"training row {index} is not in its step's batch rows {batch}")
+        others = np.setdiff1d(np.arange(len(self.pool)), batch)
+        order = np.random.default_rng([self.seed, step]).permutation(others)
+        k, rank = self.draws - 1, batch.index(index)
+        dealt = [self.pool[int(i)] for i in order[rank * k : (rank + 1) * k]]
+        return dealt + [self.pool[index]] * (k - len(dealt))
 
     def method_rng(self, index: int, step: int) -> np.random.Generator:
         """The generator of the method's own draws for the group of the pool's row ``index`` at
         training ``step``: from the method's seed (the run's), never shared with another group."""
         return np.random.default_rng([getattr(self.method.cfg, "seed", self.seed), step, index, 1])
 
-    def _collect(self, uid: str, row: Mapping[str, Any], index: int,
-                 step: int) -> tuple[list[Trajectory], Mapping[str, Any], dict, dict[int, tuple[list[int], bool]]]:
+    def _collect(self, uid: str, row: Mapping[str, Any], index: int, step: int,
+                 batch_rows: Sequence[int]) -> tuple[list[Trajectory], Mapping[str, Any], dict, dict[int, tuple[list[int], bool]]]:
         engine = self.engine_for(uid)
         # groups collect at once in threads: each on its own shallow copy, so what a method keeps
         # of its last collect (OC-GRPO's hinted prompts and leaks) is its group's
         method = copy.copy(self.method)
         if hasattr(method, "rng"):
             method.rng = self.method_rng(index, step)
-        rows = [row, *self.replacements(index, step)] if self.draws > 1 else [row]
+        rows = [row, *self.replacements(index, step, batch_rows)] if self.draws > 1 else [row]
         drawn: list[tuple[Mapping[str, Any], list[Trajectory]]] = []  # in the order the method scores them
 
         def sample(trajs):

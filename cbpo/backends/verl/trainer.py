@@ -36,7 +36,7 @@ from verl.workers.rollout.replica import RolloutReplicaRegistry
 
 from cbpo import registry
 from cbpo.backends.verl import credit
-from cbpo.backends.verl.agent_loop import DRAW_STATS, STEP, GroupRollouts, ServerEngine
+from cbpo.backends.verl.agent_loop import BATCH_ROWS, DRAW_STATS, STEP, GroupRollouts, ServerEngine
 from cbpo.backends.verl.config import AGENT_LOOP
 from cbpo.chat import build_prompt, resolve_system_prompt
 from cbpo.registry import build_method
@@ -206,9 +206,15 @@ class SuiteTrainer(RayPPOTrainer):
         return unpad_dataproto(out, pad).batch["old_log_probs"]
 
     def _get_gen_batch(self, batch):
-        # the agent loop sees only the rows' columns: the step seeds DAPO's replacement draws
+        # the agent loop sees only the rows' columns: the step seeds DAPO's replacement draws,
         gen_batch = super()._get_gen_batch(batch)
         gen_batch.non_tensor_batch[STEP] = np.full(len(gen_batch), self.global_steps, dtype=np.int64)
+        # and each row knows the batch's rows: replacements are dealt so no problem serves two rows
+        rows = [int(info["index"]) for info in gen_batch.non_tensor_batch["extra_info"]]
+        column = np.empty(len(gen_batch), dtype=object)
+        for i in range(len(column)):
+            column[i] = list(rows)
+        gen_batch.non_tensor_batch[BATCH_ROWS] = column
         return gen_batch
 
     def _save_checkpoint(self):
@@ -335,7 +341,7 @@ class GroupAgentLoop(AgentLoopBase):
     async def run(self, sampling_params, **kwargs) -> AgentLoopOutput:
         info = kwargs["extra_info"]
         t, k, row, counts, (hinted, leaked) = await self.group.rollout(
-            str(kwargs["uid"]), json.loads(info["row"]), int(info["index"]), int(kwargs[STEP]))
+            str(kwargs["uid"]), json.loads(info["row"]), int(info["index"]), int(kwargs[STEP]), list(kwargs[BATCH_ROWS]))
         if len(t.prompt_ids) > self.rollout_config.prompt_length:
             # verl's own loops left-truncate; the launch sizes the block to the rows' prompts
             # (launch.fit_prompt_length), so a longer one is a bug to name, not a prompt to cut

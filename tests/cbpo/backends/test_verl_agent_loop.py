@@ -112,7 +112,7 @@ def test_grouped_agent_loop_builds_the_local_engines_rollouts(tokenizer):
             cbpo(tokenizer), tokenizer, tools, agent, lambda uid: agent_loop.ServerEngine(server.generate, loop, uid, top_k_entropy=3),
             encode, score, BUDGET)
         # verl's M calls for one uid, concurrently and in order, as its agent-loop worker makes them
-        return await asyncio.gather(*(rollouts.rollout("uid-p", row, 0, 1) for _ in range(BUDGET)))
+        return await asyncio.gather(*(rollouts.rollout("uid-p", row, 0, 1, [0]) for _ in range(BUDGET)))
 
     outputs = asyncio.run(verl_side())
     assert [k for _, k, _, _, _ in outputs] == list(range(BUDGET))
@@ -157,7 +157,7 @@ def test_a_steps_search_counts_are_every_call_once_however_groups_overlap(tokeni
         rollouts = agent_loop.GroupRollouts(
             cbpo(tokenizer), tokenizer, tools, agent, lambda uid: agent_loop.ServerEngine(server.generate, loop, uid, top_k_entropy=3),
             encode, score, BUDGET)
-        return await asyncio.gather(*(rollouts.rollout(f"uid-{row['id']}", row, i, 1)
+        return await asyncio.gather(*(rollouts.rollout(f"uid-{row['id']}", row, i, 1, [i])
                                       for i, row in enumerate(rows) for _ in range(BUDGET)))
 
     outputs = asyncio.run(worker())
@@ -186,6 +186,7 @@ def test_a_server_without_entropies_is_named(tokenizer):
 
 AGENT = AgentConfig(max_new_tokens=40, max_total_tokens=120)
 STEP = 7  # verl's training step
+BATCH = [0, 2]  # the step's batch rows, the group's among them
 
 
 def dapo(**overrides):
@@ -215,7 +216,7 @@ def dapo_group(tokenizer, method, rows, index, pool=None):
         rollouts = agent_loop.GroupRollouts(
             method, tokenizer, tools, AGENT, lambda uid: agent_loop.ServerEngine(server.generate, loop, uid, top_k_entropy=3),
             encode, score, BUDGET, rows if pool is None else pool, seed=0)
-        return rollouts, await asyncio.gather(*(rollouts.rollout("uid", rows[index], index, STEP) for _ in range(BUDGET)))
+        return rollouts, await asyncio.gather(*(rollouts.rollout("uid", rows[index], index, STEP, BATCH) for _ in range(BUDGET)))
 
     rollouts, outputs = asyncio.run(worker())
     drawn = [r["id"] for _, p, _ in server.requests for r in rows if p == encode(r["question"])]
@@ -238,7 +239,7 @@ def counts_on_rollout_zero(outputs, **first):
 def test_an_uninformative_rows_group_is_replaced_by_a_replacements_informative_group(tokenizer):
     rows = problems(informative={1, 2, 3, 4, 5})
     rollouts, outputs, drawn = dapo_group(tokenizer, dapo(), rows, 0)
-    replacement = rollouts.replacements(0, STEP)[0]
+    replacement = rollouts.replacements(0, STEP, BATCH)[0]
     assert replacement is not rows[0]
     answers(tokenizer, outputs, replacement)
     assert drawn == ["p0", replacement["id"]]  # lazily: no other replacement was rolled out
@@ -263,28 +264,40 @@ def test_an_informative_first_group_draws_no_replacement(tokenizer):
 def test_when_no_draw_is_informative_the_last_drawn_group_is_returned(tokenizer):
     rows = problems(informative=set())
     rollouts, outputs, drawn = dapo_group(tokenizer, dapo(max_num_gen_batches=3), rows, 2)
-    first, last = rollouts.replacements(2, STEP)
+    first, last = rollouts.replacements(2, STEP, BATCH)
     answers(tokenizer, outputs, last)
     assert drawn == ["p2", first["id"], last["id"]]
     assert outputs[0][3]["kept_groups"] == 0 and outputs[0][3]["extra_rollouts"] == 2 * BUDGET
 
 
-def test_replacement_draws_are_deterministic_and_never_the_row_itself():
-    def replacements(rows, seed, index, step=STEP, draws=4):
-        return agent_loop.GroupRollouts(dapo(max_num_gen_batches=draws), None, {}, AGENT, None, None, None, BUDGET,
-                                        rows, seed).replacements(index, step)
+def test_replacement_draws_are_deterministic_and_no_problem_serves_two_rows_of_a_step():
+    # Issue 24.4 on verl: each row's group draws in its own worker, so independent draws could
+    # offer one problem to two rows of a step (or a row's problem to another row) and train it twice.
+    def replacements(rows, seed, index, batch, step=STEP, draws=3):
+        return [r["id"] for r in agent_loop.GroupRollouts(dapo(max_num_gen_batches=draws), None, {}, AGENT, None, None,
+                                                          None, BUDGET, rows, seed).replacements(index, step, batch)]
 
-    rows = problems(informative=set())
-    drawn = {(seed, i): [r["id"] for r in replacements(rows, seed, i)] for seed in (0, 1) for i in range(len(rows))}
-    assert all(len(ids) == 3 == len(set(ids)) and f"p{i}" not in ids for (_, i), ids in drawn.items())
-    assert drawn == {(seed, i): [r["id"] for r in replacements(rows, seed, i)] for seed, i in drawn}  # a rerun
-    assert any(drawn[0, i] != drawn[1, i] for i in range(len(rows)))  # the seed matters
+    rows = problems(informative=set(), n=12)
+    batch = [1, 5, 8]
+    drawn = {(seed, i): replacements(rows, seed, i, batch) for seed in (0, 1) for i in batch}
+    for seed in (0, 1):
+        offered = [p for i in batch for p in drawn[seed, i]]
+        assert len(offered) == 6 == len(set(offered)) and not {f"p{i}" for i in batch} & set(offered)
+    assert drawn == {(seed, i): replacements(rows, seed, i, batch) for seed, i in drawn}  # a rerun
+    assert replacements(rows, 0, 5, list(reversed(batch))) == drawn[0, 5]  # verl's row order does not matter
+    assert any(drawn[0, i] != drawn[1, i] for i in batch)  # the seed matters
     # another step (the row's next epoch) is offered other replacements, as the local trainer draws afresh
-    assert any([r["id"] for r in replacements(rows, 0, i, STEP + 3)] != drawn[0, i] for i in range(len(rows)))
-    # a pool with fewer other rows than replacements repeats them, still never the row
-    assert [r["id"] for r in replacements(rows[:2], 0, 0)] == ["p1"] * 3
+    assert any(replacements(rows, 0, i, batch, STEP + 3) != drawn[0, i] for i in batch)
+    # a pool too small for the whole batch: the last rows' offers end with their own problem
+    # (which DAPO does not draw twice), still no problem offered to two rows
+    small = {i: replacements(rows[:6], 0, i, [0, 1, 2]) for i in (0, 1, 2)}
+    dealt = [p for i, r in small.items() for p in r if p != f"p{i}"]
+    assert [len(r) for r in small.values()] == [2, 2, 2] and len(dealt) == len(set(dealt)) == 3
+    assert small[2] == ["p2", "p2"]
+    with pytest.raises(ValueError, match="not in its step's batch"):
+        replacements(rows, 0, 3, batch)
     with pytest.raises(ValueError, match="the pool has 1"):
-        replacements(rows[:1], 0, 0)
+        replacements(rows[:1], 0, 0, [0])
 
 
 @pytest.mark.parametrize("overrides", [{"filter_groups": False}, {"max_num_gen_batches": 1}])
@@ -334,7 +347,7 @@ def test_oc_grpo_rollouts_carry_their_hinted_prompt_and_leak_flag_and_concurrent
         rollouts = agent_loop.GroupRollouts(
             oc_grpo(tokenizer), tokenizer, tools, AGENT, lambda uid: agent_loop.ServerEngine(generate, loop, uid, top_k_entropy=3),
             encode, score, 4)
-        return rollouts, await asyncio.gather(*(rollouts.rollout(f"uid-{row['id']}", row, i, 1)
+        return rollouts, await asyncio.gather(*(rollouts.rollout(f"uid-{row['id']}", row, i, 1, [i])
                                                 for i, row in enumerate(rows) for _ in range(4)))
 
     rollouts, outputs = asyncio.run(worker())
@@ -372,7 +385,7 @@ def test_a_groups_random_draws_are_its_own_whatever_worker_runs_it_and_whatever_
             rollouts = agent_loop.GroupRollouts(
                 tree_grpo(), tokenizer, tools, AGENT, lambda uid: agent_loop.ServerEngine(server.generate, loop, uid, top_k_entropy=3),
                 encode, score, BUDGET)
-            outs = await asyncio.gather(*(rollouts.rollout(f"uid-{i}-{s}", rows[i], i, s) for i, s in jobs for _ in range(BUDGET)))
+            outs = await asyncio.gather(*(rollouts.rollout(f"uid-{i}-{s}", rows[i], i, s, [i]) for i, s in jobs for _ in range(BUDGET)))
             assert rollouts.method.rng.bit_generator.state == tree_grpo().rng.bit_generator.state  # untouched
             return [[(t.parent, t.at) for t, *_ in outs[g * BUDGET:(g + 1) * BUDGET]] for g in range(len(jobs))]
 

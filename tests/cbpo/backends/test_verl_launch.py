@@ -137,7 +137,7 @@ class FakeServer:
 
 def agent_loop_outputs(generated, tokenizer, server, item, uid="uid-1", step=1):
     """verl's agent-loop worker on one batch row of its dataset (``item``, with the training
-    step SuiteTrainer._get_gen_batch adds): the registered agent loop from the launch's file,
+    step and the batch's rows, here the item alone, that SuiteTrainer._get_gen_batch adds): the registered agent loop from the launch's file,
     built as verl's AgentLoopWorker._run_agent_loop builds it, once for each of the uid's
     rollout.n rows."""
     import hydra
@@ -155,7 +155,7 @@ def agent_loop_outputs(generated, tokenizer, server, item, uid="uid-1", step=1):
             dataset_cls=RLHFDataset, data_config=DictConfigWrap(generated.data), tools=ToolListWrap([]))
 
     async def worker():
-        return await asyncio.gather(*(build_loop().run({}, uid=uid, **{agent_loop.STEP: step}, **item)
+        return await asyncio.gather(*(build_loop().run({}, uid=uid, **{agent_loop.STEP: step, agent_loop.BATCH_ROWS: [item["extra_info"]["index"]]}, **item)
                                       for _ in range(rollout.n)))
 
     return asyncio.run(worker())

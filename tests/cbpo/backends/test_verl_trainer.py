@@ -382,7 +382,7 @@ def test_the_hinted_batch_is_verls_layout_with_the_hinted_prompts(suite_trainer)
 
 def test_each_generation_row_carries_the_training_step(suite_trainer):
     # verl's agent loop sees only the rows' columns; DAPO's replacement draws are seeded by the step
-    from cbpo.backends.verl.agent_loop import STEP
+    from cbpo.backends.verl.agent_loop import BATCH_ROWS, STEP
 
     trainer = suite_trainer(get_method("dapo")(budget=4), None)
     batch = DataProto.from_dict(tensors={"input_ids": torch.zeros((3, 5), dtype=torch.int64)},
@@ -392,4 +392,5 @@ def test_each_generation_row_carries_the_training_step(suite_trainer):
         trainer.global_steps = step
         gen = trainer._get_gen_batch(batch.slice(0, None))
         assert gen.non_tensor_batch[STEP].tolist() == [step] * 3
+        assert gen.non_tensor_batch[BATCH_ROWS].tolist() == [[0, 1, 2]] * 3  # DAPO deals replacements by it
         assert "extra_info" in gen.non_tensor_batch  # verl's own columns still reach the agent loop
