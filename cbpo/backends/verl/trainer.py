@@ -4,9 +4,10 @@ the suite's credit, run layout and vLLM server, server.py) and ``GroupAgentLoop`
 loop registered as ``cbpo_group``). Imports verl and Ray: only the launch and verl's workers
 load this module.
 
-Written against verl 0.9.1's source and tested on CPU up to the Ray boundary (the advantage
+Written against verl 0.9.1's source. The unit tests stop at the Ray boundary (the advantage
 step, the metrics line, the final checkpoint, the agent loop's registration and outputs); the
-task runner, the worker groups and vLLM only run on a GPU cluster and have not run yet.
+engine tier (tests/cbpo/backends/test_verl_cpu.py) runs the task runner, the worker groups and
+vLLM for real on CPU, through cpu.py. No GPU has run them yet.
 """
 from __future__ import annotations
 
