@@ -6,6 +6,7 @@ method.credit (per-model-token advantages) -> clipped surrogate + KL to a frozen
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import random
@@ -135,6 +136,18 @@ def _set_rng_state(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
+WANDB_TAG_MAX = 64  # W&B refuses a longer tag, and with it the whole run
+
+
+def wandb_tag(tag: str) -> str:
+    """``tag`` within W&B's 64 characters: a longer one (a run named by a ``method.*=PATH``
+    override) keeps its start and ends in a hash of the whole, so two long tags stay apart."""
+    if len(tag) <= WANDB_TAG_MAX:
+        return tag
+    digest = hashlib.sha1(tag.encode()).hexdigest()[:8]
+    return f"{tag[: WANDB_TAG_MAX - len(digest) - 1]}-{digest}"
+
+
 def open_wandb(wandb_cfg: Mapping[str, Any] | None, folder: Path, run_config: Mapping[str, Any] | None = None):
     """A W&B run in ``<folder>/wandb`` named, grouped, typed and tagged as ``wandb.*`` says
     (``configs/config.yaml``), offline unless WANDB_MODE or ``wandb.mode`` says otherwise;
@@ -149,7 +162,7 @@ def open_wandb(wandb_cfg: Mapping[str, Any] | None, folder: Path, run_config: Ma
         name=wandb_cfg.get("name"),
         group=wandb_cfg.get("group"),
         job_type=wandb_cfg.get("job_type"),
-        tags=list(wandb_cfg.get("tags") or []),
+        tags=[wandb_tag(str(t)) for t in wandb_cfg.get("tags") or []],
         dir=str(folder),
         config=dict(run_config or {}),
         reinit=True,

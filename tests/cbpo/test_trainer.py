@@ -317,3 +317,18 @@ def test_dumped_rollouts_keep_the_engines_logprobs_aligned_with_the_tokens(model
         model_lp = [lp for lp, m in zip(row["logprob"], row["model_mask"]) if m]
         assert model_lp == pytest.approx(np.asarray(t.logprobs)[t.model_positions()], abs=1e-5)
         assert all(lp < 0 for lp in model_lp)
+
+
+def test_a_run_named_by_a_long_override_still_opens_its_wandb_run(tmp_path, monkeypatch):
+    # Found on real verl: OPD's run named by method.teacher=PATH is an 86-character tag, and W&B
+    # refuses any tag over 64 characters, and with it the run.
+    import wandb
+
+    from cbpo.trainer import open_wandb, wandb_tag
+
+    seen = {}
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: seen.update(kwargs))
+    long = "opd-teacher_tmp_pytest-of-root_pytest-14_verl_cpu0_runs_smoke_tiny_mix_seed0_sft_final"
+    open_wandb({"enabled": True, "tags": [long, "smoke"]}, tmp_path)
+    assert [len(t) for t in seen["tags"]] == [64, 5] and seen["tags"][0].startswith("opd-teacher_tmp")
+    assert wandb_tag(long) != wandb_tag(long.replace("14", "15")) and wandb_tag("smoke") == "smoke"

@@ -146,8 +146,9 @@ OTHER_METHODS = ["opd", "dapo", "oc_grpo", "arpo", "aepo", "tree_grpo", "gigpo",
 def test_every_other_method_trains_on_verl(study, method):
     root, _ = study
     # OPD distils from a teacher on GPUs of its own: here the SFT checkpoint, on one more fake GPU
+    # (run_name keeps the folder the checks read: method.teacher=PATH would otherwise name it)
     teacher = [f"method.teacher={root / 'runs' / 'smoke' / 'tiny' / 'mix' / 'seed0' / 'sft' / 'final'}",
-               "verl.teacher_gpus=1", "verl.teacher_tensor_parallel=1"] if method == "opd" else []
+               "verl.teacher_gpus=1", "verl.teacher_tensor_parallel=1", "run_name=opd"] if method == "opd" else []
     start = time.monotonic()
     train(study, method, *teacher)
     lines = check_finished(run_dir(study, method), 2, rollouts=None)
