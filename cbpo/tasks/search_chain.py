@@ -29,7 +29,7 @@ import random
 
 from cbpo.chat import TOOL_TAGS, format_observation
 from cbpo.tasks.forks import chain_decisions, chain_losers
-from cbpo.tasks.search_fork import CLAIM
+from cbpo.tasks.search_fork import CLAIM, wrong_claim
 from cbpo.tasks.twohop import CHAINS, Chain, World, _mentions, _page_of, fact_sentence, search_tool, split_questions, world
 
 # Per decision, first action tag -> (kind, wins). Python cannot find a fact.
@@ -44,13 +44,6 @@ def decision_spans(text: str, question: str | None = None) -> list[dict]:
     """The first action, and the first action after the first observation (the question does
     not matter here)."""
     return chain_decisions(text, KINDS)
-
-
-def _claim(rng: random.Random, chain: Chain, w: World, truth: str) -> str:
-    """The answer of the same question about another start entity, never the true answer."""
-    while (claim := chain.hop2(w, chain.hop1(w, rng.choice(chain.starts(w))))) == truth:
-        pass
-    return claim
 
 
 def _row(seed: int, chain: Chain, start: str, claim: str, loses_at: int | None, w: World, tool) -> dict:
@@ -87,7 +80,7 @@ def generate(seed: int, n_train: int, n_test: int, p_lose: float = 0.5, k: int =
     splits = {}
     for split in ("test", "train"):
         losers = chain_losers(lose_rng, len(pairs[split]), p_lose, len(KINDS))
-        splits[split] = [_row(seed, chain, start, _claim(claim_rng, chain, w, chain.hop2(w, chain.hop1(w, start))),
-                              loses_at, w, tool)
+        splits[split] = [_row(seed, chain, start, wrong_claim(claim_rng, lambda e: chain.hop2(w, chain.hop1(w, e)),
+                                                                     chain.starts(w), start), loses_at, w, tool)
                          for (chain, start), loses_at in zip(pairs[split], losers)]
     return {"train": splits["train"], "test": splits["test"]}

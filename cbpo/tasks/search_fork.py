@@ -25,6 +25,7 @@ the tiny model's reach, so that the decision is what decides the outcome.
 from __future__ import annotations
 
 import random
+from functools import partial
 from typing import Callable, NamedTuple
 
 from cbpo.chat import TOOL_TAGS, format_observation
@@ -69,9 +70,10 @@ def decision_spans(text: str, question: str | None = None) -> list[dict]:
     return first_action_decision(text, KINDS)
 
 
-def _claim(rng: random.Random, hop: Hop, w: World, truth: str) -> str:
-    """The answer of the same question about another entity, never the true answer."""
-    while (claim := hop.answer(w, rng.choice(hop.starts(w)))) == truth:
+def wrong_claim(rng: random.Random, answer_of: Callable[[str], str], starts: list[str], start: str) -> str:
+    """The answer of the same question about another start entity, never ``start``'s answer."""
+    truth = answer_of(start)
+    while (claim := answer_of(rng.choice(starts))) == truth:
         pass
     return claim
 
@@ -109,6 +111,6 @@ def generate(seed: int, n_train: int, n_test: int, p_lose: float = 0.5, k: int =
     splits = {}
     for split in ("test", "train"):
         losers = losing_rows(lose_rng, len(pairs[split]), p_lose)
-        splits[split] = [_row(seed, hop, start, _claim(claim_rng, hop, w, hop.answer(w, start)), n in losers, w, tool)
+        splits[split] = [_row(seed, hop, start, wrong_claim(claim_rng, partial(hop.answer, w), hop.starts(w), start), n in losers, w, tool)
                          for n, (hop, start) in enumerate(pairs[split])]
     return {"train": splits["train"], "test": splits["test"]}
