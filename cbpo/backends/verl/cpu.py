@@ -25,7 +25,8 @@ What this module changes, each for one reason (measured on these machines, ../sh
   checkpoint layout, loads, and prepacks again.
 * Settings (``config_overrides``): FSDP2 (``strategy=fsdp2``), sdpa attention and no remove-
   padding (flash-attention is CUDA only), vLLM eager (its CPU compile costs ~1 min) with the
-  KV cache kept between phases (``free_cache_engine=false``: sleep mode is GPU only), float32.
+  KV cache kept between phases (``free_cache_engine=false``: sleep mode is GPU only), float32; OPD's
+  teacher servers the same (verl's default asks the teacher's vLLM for sleep mode, which it refuses).
 
 The module is loaded by verl itself in every process that imports verl: the launch lists it in
 ``VERL_USE_EXTERNAL_MODULES`` before Ray starts, so Ray's workers inherit it.
@@ -55,17 +56,28 @@ ENV = {
 RAY_CPUS_PER_GPU = 8
 
 
-def config_overrides(dtype: str) -> dict:
-    """verl keys a CPU run needs on top of the generated config (see the module docstring)."""
+def config_overrides(dtype: str, teacher: bool = False) -> dict:
+    """verl keys a CPU run needs on top of the generated config (see the module docstring);
+    ``teacher``: OPD's teacher servers (verl's distillation) get the rollout's vLLM settings."""
     engine = {"strategy": "fsdp2", "fsdp_config": {"dtype": dtype}}
-    return {
+    vllm = {"enforce_eager": True, "free_cache_engine": False, "enable_sleep_mode": False, "dtype": dtype}
+    overrides = {
         "actor_rollout_ref": {
             "model": {"use_remove_padding": False, "override_config": {"attn_implementation": "sdpa"}},
-            "actor": engine, "ref": engine,
-            "rollout": {"enforce_eager": True, "free_cache_engine": False, "enable_sleep_mode": False, "dtype": dtype},
+            "actor": engine, "ref": engine, "rollout": vllm,
         },
         "trainer": {"device": PLATFORM},
     }
+    if teacher:
+        overrides["distillation"] = {"teacher_models": {"teacher_model": {"inference": vllm}}}
+    return overrides
+
+
+def sft_overrides() -> dict:
+    """The same settings for verl's SFT trainer (``sft_trainer_engine``), as Hydra overrides;
+    torch.compile off, as the rollout's vLLM runs eager."""
+    return {"model.use_remove_padding": "false", "+model.override_config.attn_implementation": "sdpa",
+            "engine.dtype": "float32", "engine.use_torch_compile": "false", "trainer.device": PLATFORM}
 
 
 def activate() -> None:

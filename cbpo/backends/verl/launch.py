@@ -69,9 +69,13 @@ def run_verl(cfg: DictConfig, out: Path) -> None:
     if on_cpu():
         # free-form in verl: model.override_config; enable_sleep_mode is a field of verl's rollout
         # dataclass that its YAML does not list
-        for node in (generated.actor_rollout_ref.model.override_config, generated.actor_rollout_ref.rollout):
+        teacher = bool(generated.distillation.enabled)
+        nodes = [generated.actor_rollout_ref.model.override_config, generated.actor_rollout_ref.rollout]
+        if teacher:
+            nodes.append(generated.distillation.teacher_models.teacher_model.inference)
+        for node in nodes:
             OmegaConf.set_struct(node, False)
-        generated = OmegaConf.merge(generated, cpu_overrides(cfg))
+        generated = OmegaConf.merge(generated, cpu_overrides(cfg, teacher))
     runtime_env = generated.ray_kwargs.ray_init.runtime_env
     OmegaConf.set_struct(runtime_env, False)
     runtime_env.env_vars = {"VERL_USE_EXTERNAL_MODULES": modules}  # for Ray's workers on other nodes
@@ -123,13 +127,14 @@ def fit_prompt_length(generated: DictConfig, cfg: DictConfig, rows) -> None:
     generated.actor_rollout_ref.rollout.prompt_length = longest
 
 
-def cpu_overrides(cfg: DictConfig) -> DictConfig:
-    """cpu.py's settings for this run (importing cpu.py patches nothing until ``activate``)."""
+def cpu_overrides(cfg: DictConfig, teacher: bool = False) -> DictConfig:
+    """cpu.py's settings for this run (importing cpu.py patches nothing until ``activate``);
+    ``teacher``: the run has OPD's teacher servers."""
     from cbpo.backends.device import resolve_dtype
     from cbpo.backends.verl import cpu
 
     dtype = str(resolve_dtype(cfg.dtype, torch.device("cpu"))).removeprefix("torch.")
-    return OmegaConf.create(cpu.config_overrides(dtype))
+    return OmegaConf.create(cpu.config_overrides(dtype, teacher))
 
 
 def claim_run(cfg: DictConfig, out: Path, rows, init: Path | None = None):

@@ -57,10 +57,13 @@ class SuiteSFTDataset(torch.utils.data.Dataset):
 
 def overrides(cfg: DictConfig, sft, verl_cfg, init: Path, out: Path, on_cpu: bool) -> list[str]:
     """The suite's SFT settings as overrides of verl's ``sft_trainer_engine`` config."""
-    dtype = "float32" if on_cpu else "bfloat16"
+    platform = {"model.use_remove_padding": "true", "engine.dtype": "bfloat16", "trainer.device": "cuda"}
+    if on_cpu:
+        from cbpo.backends.verl import cpu
+
+        platform = cpu.sft_overrides()
     return [
-        f"model.path={init}", "model.use_remove_padding=false" if on_cpu else "model.use_remove_padding=true",
-        *(["+model.override_config.attn_implementation=sdpa"] if on_cpu else []),
+        f"model.path={init}",
         f"data.train_files={out / 'verl' / TRAIN_FILE}", "data.val_files=null",
         f"data.custom_cls.path={__file__}", "data.custom_cls.name=SuiteSFTDataset",
         f"data.train_batch_size={sft.batch_size}", f"data.micro_batch_size_per_gpu={verl_cfg.micro_batch_per_gpu}",
@@ -68,15 +71,15 @@ def overrides(cfg: DictConfig, sft, verl_cfg, init: Path, out: Path, on_cpu: boo
         "data.truncation=error", "data.num_workers=0",
         f"optim.lr={sft.lr}", f"optim.weight_decay={sft.weight_decay}", f"optim.lr_warmup_steps={sft.warmup_steps}",
         f"optim.lr_scheduler_type={sft.decay}", f"optim.min_lr_ratio={sft.min_lr_ratio}",
-        "engine.strategy=fsdp2", f"engine.dtype={dtype}", f"engine.seed={sft.seed}",
-        *(["engine.use_torch_compile=false"] if on_cpu else []),
+        "engine.strategy=fsdp2", f"engine.seed={sft.seed}",
         f"trainer.default_local_dir={out / 'verl'}", f"trainer.project_name={cfg.wandb.project}",
         f"trainer.experiment_name={cfg.run_name}", "trainer.logger=[console]", f"trainer.seed={sft.seed}",
         f"trainer.total_training_steps={sft.steps}", "trainer.total_epochs=1000000",  # steps decide
         f"trainer.save_freq={sft.checkpoint_every}", "trainer.test_freq=-1", "trainer.resume_mode=auto",
         "trainer.max_ckpt_to_keep=1", f"trainer.nnodes={verl_cfg.nodes}",
-        f"trainer.n_gpus_per_node={verl_cfg.gpus_per_node}", f"trainer.device={'cpu' if on_cpu else 'cuda'}",
+        f"trainer.n_gpus_per_node={verl_cfg.gpus_per_node}",
         "checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+        *(f"{key}={value}" for key, value in platform.items()),
     ]
 
 

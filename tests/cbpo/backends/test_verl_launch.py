@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from cbpo import schema
@@ -51,6 +52,10 @@ def test_sfts_dry_run_prints_verls_sft_trainer_config_with_the_suites_dataset(tm
     assert out.returncode == 0, out.stderr
     for line in ("name: SuiteSFTDataset", "n_gpus_per_node: 4", "pad_mode: no_padding", "strategy: fsdp2"):
         assert line in out.stdout, line
+    if not torch.cuda.is_available():  # cpu.py's SFT settings
+        for line in ("device: cpu", "attn_implementation: sdpa", "use_remove_padding: false", "dtype: float32",
+                     "use_torch_compile: false"):
+            assert line in out.stdout, line
     assert [p.name for p in tmp_path.iterdir()] in ([], ["train.log"])  # Hydra's job log only: no run folder
 
 
@@ -105,6 +110,11 @@ def test_opd_trains_on_verl_as_its_distillation(tmp_path):
     for line in ("enabled: true", "loss_mode: k1", "use_task_rewards: false", "use_policy_gradient: true",
                  "model_path: Qwen/Qwen3-32B", "tensor_model_parallel_size: 4"):
         assert line in distillation, distillation
+    # on a machine without a GPU the teacher's vLLM servers run as the rollout's do (cpu.py): verl's
+    # default asks them for sleep mode, which vLLM's CPU build refuses ("Sleep mode is not supported")
+    teacher = distillation[distillation.index("teacher_models:"):]
+    for line in ("enable_sleep_mode: false", "free_cache_engine: false", "dtype: float32"):
+        assert line in teacher, teacher
 
 
 @pytest.mark.skipif(not missing_engines(), reason="this environment has vLLM and Ray (the engine tier trains)")
