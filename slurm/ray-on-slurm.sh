@@ -13,6 +13,12 @@ if [ -z "${SLURM_JOB_ID:-}" ]; then
     exec "$@"
 fi
 
+# SLURM's gpu GRES sets ROCR_VISIBLE_DEVICES beside CUDA_VISIBLE_DEVICES in every job step,
+# whatever the GPUs' vendor, and verl's workers refuse to start with both set ("Please don't set
+# ROCR_VISIBLE_DEVICES when HIP/CUDA_VISIBLE_DEVICES is set"): the Ray nodes and the trainer run
+# without it (AMD GPUs would need the reverse; the suite's GPU stack is CUDA's).
+unset ROCR_VISIBLE_DEVICES
+rocr_unset=(env -u ROCR_VISIBLE_DEVICES)
 port=${RAY_PORT:-6379}
 py=${RAY_PYTHON:-$1}
 ray=("$py" -m ray.scripts.scripts)
@@ -35,11 +41,11 @@ stop_ray() {  # each blocking `ray start` stops its own Ray node when its step e
 trap stop_ray EXIT
 
 srun --overlap --nodes=1 --ntasks=1 -w "$head" \
-    "${ray[@]}" start --head --node-ip-address="$head_ip" --port="$port" --num-cpus="$cpus" --num-gpus="$gpus" --block &
+    "${rocr_unset[@]}" "${ray[@]}" start --head --node-ip-address="$head_ip" --port="$port" --num-cpus="$cpus" --num-gpus="$gpus" --block &
 steps+=($!)
 for node in "${nodes[@]:1}"; do
     srun --overlap --nodes=1 --ntasks=1 -w "$node" \
-        "${ray[@]}" start --address="$RAY_ADDRESS" --num-cpus="$cpus" --num-gpus="$gpus" --block &
+        "${rocr_unset[@]}" "${ray[@]}" start --address="$RAY_ADDRESS" --num-cpus="$cpus" --num-gpus="$gpus" --block &
     steps+=($!)
 done
 

@@ -283,8 +283,11 @@ def test_ray_starts_across_the_allocation_before_the_command(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     probe = tmp_path / "probe.py"
+    # a GPU task's environment is what verl's workers see: SLURM sets ROCR_VISIBLE_DEVICES beside
+    # CUDA_VISIBLE_DEVICES, and verl's workers refuse to start with both
     probe.write_text("import os, ray\nray.init()\n"
-                     "print('RAY', os.environ['RAY_ADDRESS'], len(ray.nodes()), ray.cluster_resources()['GPU'])\n")
+                     "rocr = ray.get(ray.remote(num_gpus=1)(lambda: os.environ.get('ROCR_VISIBLE_DEVICES', '-')).remote())\n"
+                     "print('RAY', os.environ['RAY_ADDRESS'], len(ray.nodes()), ray.cluster_resources()['GPU'], rocr)\n")
     cmd = ["sbatch", "--parsable", "--wait", "-N1", "--ntasks-per-node=1", "--gpus-per-node=8", "--cpus-per-gpu=1",
            "--mem=8000", "-t", "10", "-o", str(tmp_path / "ray.out"),
            # no token: a shared machine's ~/.ray/auth_token may be rewritten by others meanwhile
@@ -294,4 +297,4 @@ def test_ray_starts_across_the_allocation_before_the_command(tmp_path):
     log = (tmp_path / "ray.out").read_text()
     assert out.returncode == 0, log[-4000:]
     (line,) = [line for line in log.splitlines() if line.startswith("RAY ")]
-    assert line.split()[2:] == ["1", "8.0"] and line.split()[1].endswith(f":{port}"), line
+    assert line.split()[2:] == ["1", "8.0", "-"] and line.split()[1].endswith(f":{port}"), line
