@@ -78,7 +78,9 @@ def run_verl(cfg: DictConfig, out: Path) -> None:
         generated = OmegaConf.merge(generated, cpu_overrides(cfg, teacher))
     runtime_env = generated.ray_kwargs.ray_init.runtime_env
     OmegaConf.set_struct(runtime_env, False)
-    runtime_env.env_vars = {"VERL_USE_EXTERNAL_MODULES": modules}  # for Ray's workers on other nodes
+    # for Ray's workers, which inherit this process's environment only where this process starts
+    # Ray: a cluster started beforehand (slurm/ray-on-slurm.sh) passes them this alone
+    runtime_env.env_vars = {"VERL_USE_EXTERNAL_MODULES": modules, **(cpu.ENV if on_cpu() else {})}
     if verl_cfg.dry_run:
         print(OmegaConf.to_yaml(generated))
         return

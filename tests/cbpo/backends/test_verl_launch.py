@@ -44,6 +44,8 @@ def test_dry_run_prints_the_validated_verl_config(tmp_path):
     assert "adv_estimator: cbpo_suite_credit" in out.stdout and "nnodes: 2" in out.stdout
     # every Ray worker imports the suite's verl extensions (AEPO's policy loss), on any node
     assert "VERL_USE_EXTERNAL_MODULES: baselines.aepo_loss" in out.stdout
+    if not torch.cuda.is_available():  # and the CPU platform, in a Ray cluster this process did not start
+        assert "VERL_ENGINE_DEVICE: cuda" in out.stdout and "VLLM_CPU_KVCACHE_SPACE: '1'" in out.stdout
     assert [p.name for p in tmp_path.iterdir()] in ([], ["train.log"])  # Hydra's job log only: no run folder
 
 
