@@ -298,3 +298,40 @@ def test_ray_starts_across_the_allocation_before_the_command(tmp_path):
     assert out.returncode == 0, log[-4000:]
     (line,) = [line for line in log.splitlines() if line.startswith("RAY ")]
     assert line.split()[2:] == ["1", "8.0", "-"] and line.split()[1].endswith(f":{port}"), line
+
+
+ENGINES_PY = ROOT / ".venv-engines" / "bin" / "python"
+
+
+@pytest.mark.skipif(os.environ.get("CBPO_SLOW") != "1" or not ENGINES_PY.exists(),
+                    reason="slow (~10 min, set CBPO_SLOW=1) and needs .venv-engines (make engines)")
+def test_verl_trains_grpo_through_ray_on_slurm_in_an_allocation(tmp_path):
+    """The rl rule's verl path inside a SLURM allocation: ray-on-slurm.sh starts Ray on the
+    allocation, verl's trainer joins it (its workers get the CPU platform through Ray's runtime
+    env, not by inheritance) and writes final/ with a metrics line per step."""
+    paths = ["preset=smoke", f"paths.data_dir={tmp_path / 'data'}", f"paths.models_dir={tmp_path / 'models'}",
+             f"paths.runs_dir={tmp_path / 'runs'}"]
+    env = {**ENV, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false"}
+    for step in (["cbpo.prepare", "target=data"], ["cbpo.prepare", "target=model"], ["cbpo.train", "stage=sft"]):
+        done = subprocess.run([str(ENGINES_PY), "-m", *step, *paths], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=1800)
+        assert done.returncode == 0, done.stderr[-3000:]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    train = [str(ROOT / "slurm" / "ray-on-slurm.sh"), str(ENGINES_PY), "-m", "cbpo.train", "stage=rl", "backend=verl",
+             "method=grpo", "verl.gpus_per_node=1", "verl.nodes=1", *paths]
+    # the job's memory: SLURM sums the RSS of ~15 processes sharing torch's libraries (a 20 GB
+    # job was killed here with the machine's memory free); the fake node has 1.1 TB
+    cmd = ["sbatch", "--parsable", "--wait", "-N1", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-gpu=8",
+           "--mem=60000", "-t", "40", "-o", str(tmp_path / "verl.out"), "-D", str(tmp_path),
+           f"--export=ALL,RAY_PYTHON={ENGINES_PY},RAY_PORT={port},RAY_AUTH_MODE=disabled,OMP_NUM_THREADS=2",
+           "--wrap", " ".join(train)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=2700)
+    log = (tmp_path / "verl.out").read_text()
+    assert out.returncode == 0, log[-5000:]
+    assert "ray-on-slurm: 1 Ray node(s) up" in log
+    run = tmp_path / "runs" / KEY / "grpo"
+    assert json.loads((run / "final" / "DONE.json").read_text())["step"] == "final"
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2], steps
