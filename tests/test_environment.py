@@ -56,8 +56,16 @@ def conda_python() -> str:
 
 
 def gpu_requirements() -> list[Requirement]:
-    (line,) = conda_pip_lines()  # every pin lives in pyproject.toml
+    (line,) = [line for line in conda_pip_lines() if line.startswith("-e ")]  # the project, its gpu extra
     return requirements(Requirement(line.removeprefix("-e ").replace(".", PROJECT["name"], 1)).extras)
+
+
+def test_the_gpu_environments_named_pins_are_its_gpu_extras():
+    named = {Requirement(line) for line in conda_pip_lines() if not line.startswith("-e ")}
+    extra = {r.name: r.specifier for r in gpu_requirements()}
+    assert {r.name for r in named} == {"torch", "vllm", "verl", "transformers"}
+    for req in named:
+        assert req.specifier == extra[req.name], (req, extra[req.name])
 
 
 def ask_registry(command: list[str], stdin: str = "") -> subprocess.CompletedProcess:
