@@ -7,12 +7,24 @@ GPU; until then the table says it is assumed.
 """
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 
 PIPELINE = ("sft", "teacher", "rl", "evaluate", "evaluate_passk")  # the order rows are printed in
+
+
+def gres_gpus(gres: str) -> int:
+    """The GPUs of a SLURM GRES string (``gpu:8``, ``gpu:a100:4``, sinfo's ``gpu:8(S:0-1)``)."""
+    return sum(int(n) for n in re.findall(r"gpu(?::[^:,()]+)?:(\d+)", gres or ""))
+
+
+def job_gpus(resources: Mapping) -> int:
+    """The GPUs a job's resources hold: ``gpu``, or on several nodes ``gres``'s per node times
+    ``nodes`` (train_resources, workflow/rules/train.smk)."""
+    return int(resources.get("gpu", 0) or 0) or gres_gpus(str(resources.get("gres") or "")) * int(resources.get("nodes", 1) or 1)
 
 
 @dataclass(frozen=True)

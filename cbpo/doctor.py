@@ -24,6 +24,8 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
+from cbpo.cost import gres_gpus
+
 REPO = Path(__file__).resolve().parents[1]
 # What verl 0.9.1 supports (environment.yml, ../shared/NOTES.md): version prefixes.
 ENGINE_PINS = {"torch": "2.11.", "vllm": "0.24.0", "verl": "0.9.1", "transformers": "5.9."}
@@ -164,8 +166,7 @@ def check_slurm(wf: Mapping, partition: str | None, account: str | None, run: Ru
     best = {"gpu": 0, "mem_mb": 0, "cpus": 0}
     for line in nodes.stdout.splitlines():
         gres, mem, cpus = (line.split("|") + ["", "", ""])[:3]
-        gpu = sum(int(n) for n in re.findall(r"gpu(?::[^:,()]+)?:(\d+)", gres))
-        best = {"gpu": max(best["gpu"], gpu), "mem_mb": max(best["mem_mb"], int(re.sub(r"\D", "", mem) or 0)),
+        best = {"gpu": max(best["gpu"], gres_gpus(gres)), "mem_mb": max(best["mem_mb"], int(re.sub(r"\D", "", mem) or 0)),
                 "cpus": max(best["cpus"], int(re.sub(r"\D", "", cpus) or 0))}
     for kind, res in (wf.get("resources") or {}).items():
         gpus = gpus_of.get(kind, res.get("gpu", 0))

@@ -22,3 +22,12 @@ def test_the_table_says_whether_the_costs_were_measured():
     assert total[0] == "total" and total[-1] == "8.0+" and total[-2] == "9.0"
     assert "(measured)" in format_table(rows, "s", assumed=False)
     assert format_table([], "s", assumed=True) == ""
+
+
+def test_a_jobs_gpus_are_its_gpu_resource_or_its_gres_per_node_times_its_nodes():
+    from cbpo.cost import gres_gpus, job_gpus
+
+    assert [gres_gpus(g) for g in ("gpu:8", "gpu:a100:4", "gpu:8(S:0-1)", "gpu:2,gpu:h100:1", "", "mps:100")] == [8, 4, 8, 3, 0, 0]
+    assert job_gpus({"gpu": 8, "runtime": 720}) == 8
+    assert job_gpus({"gres": "gpu:8", "nodes": 2, "tasks": 2}) == 16
+    assert job_gpus({"mem_mb": 1000}) == 0

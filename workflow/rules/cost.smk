@@ -4,7 +4,7 @@
 # so the table is printed as the process exits, from the DAG it planned.
 import atexit
 
-from cbpo.cost import PlannedJob, format_table, gpu_hours
+from cbpo.cost import PlannedJob, format_table, gpu_hours, job_gpus
 
 
 def step_cost():
@@ -19,7 +19,7 @@ def print_cost():
     jobs = []
     for job in {*dag.needrun_jobs(), *dag.finished_jobs}:
         res = dict(job.resources)
-        jobs.append(PlannedJob(job.rule.name, int(res.get("gpu", 0) or 0), float(res.get("runtime", 0) or 0)))
+        jobs.append(PlannedJob(job.rule.name, job_gpus(res), float(res.get("runtime", 0) or 0)))
     if not any(j.gpus for j in jobs):
         return
     cfg = composed()
