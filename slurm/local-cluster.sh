@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# A real single-node SLURM cluster on this (Debian) machine, for the tests and CI:
+# A real SLURM cluster on this (Debian) machine, for the tests and CI:
 #   slurm/local-cluster.sh up     install (apt) if needed, then start munge, MariaDB, slurmdbd,
-#                                 slurmctld and slurmd by hand (no systemd), with accounting
-#                                 and 8 fake GPUs as GRES; prints the seconds it took
+#                                 slurmctld and two slurmd by hand (no systemd), with accounting
+#                                 and 8 fake GPUs as GRES per node; prints the seconds it took
 #   slurm/local-cluster.sh down   stop what `up` started, by PID, newest first
 # Run as root. The node declares more CPUs and memory than the machine has
 # (SlurmdParameters=config_overrides) so the paper's 8x8-CPU, 512 GB jobs schedule; the jobs
-# themselves are the tiny presets'. Partitions: `gpu` (the profile's) and `urgent`, whose
-# jobs preempt (cancel) `gpu` jobs: the fault tests use it. Account `cbpo`, root's default.
+# themselves are the tiny presets'. Two nodes on this one host (one slurmd each, on its own
+# port): $HOST and $HOST-2. Partitions: `gpu` (the profile's) and `urgent`, whose jobs preempt
+# (cancel) `gpu` jobs, both on $HOST alone (the fault tests use them); `pair`, both nodes, for
+# jobs of several nodes. Account `cbpo`, root's default.
 set -euo pipefail
 
 STATE=${CBPO_SLURM_STATE:-/var/lib/cbpo-slurm}
 CLUSTER=cbpo
 HOST=$(hostname -s)
-PIDS=(/run/munge/munged.pid /run/mysqld/mysqld.pid "$STATE/slurmdbd.pid" "$STATE/slurmctld.pid" "$STATE/slurmd.pid")
+NODES=("$HOST" "$HOST-2")
+PIDS=(/run/munge/munged.pid /run/mysqld/mysqld.pid "$STATE/slurmdbd.pid" "$STATE/slurmctld.pid"
+      "$STATE/slurmd.$HOST.pid" "$STATE/slurmd.$HOST-2.pid")
 
 wait_for() {  # wait_for SECONDS WHAT COMMAND...: poll until COMMAND succeeds
     local limit=$1 what=$2
@@ -34,7 +38,7 @@ install() {
 }
 
 write_configs() {
-    mkdir -p "$STATE"/{log,state,spool,dev} /etc/slurm
+    mkdir -p "$STATE"/{log,state,dev} /etc/slurm "${NODES[@]/#/$STATE/spool/}"
     for i in $(seq 0 7); do  # character devices: slurmd then sets CUDA_VISIBLE_DEVICES per job
         [ -e "$STATE/dev/nvidia$i" ] || mknod "$STATE/dev/nvidia$i" c 195 "$i"
     done
@@ -45,11 +49,11 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 StateSaveLocation=$STATE/state
-SlurmdSpoolDir=$STATE/spool
+SlurmdSpoolDir=$STATE/spool/%n
 SlurmctldPidFile=$STATE/slurmctld.pid
-SlurmdPidFile=$STATE/slurmd.pid
+SlurmdPidFile=$STATE/slurmd.%n.pid
 SlurmctldLogFile=$STATE/log/slurmctld.log
-SlurmdLogFile=$STATE/log/slurmd.log
+SlurmdLogFile=$STATE/log/slurmd.%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -75,9 +79,11 @@ AccountingStorageEnforce=associations
 PreemptType=preempt/partition_prio
 PreemptMode=CANCEL
 GresTypes=gpu
-NodeName=$HOST NodeAddr=127.0.0.1 CPUs=128 RealMemory=1100000 Gres=gpu:8 State=UNKNOWN
+NodeName=$HOST NodeHostname=$HOST NodeAddr=127.0.0.1 Port=6818 CPUs=128 RealMemory=1100000 Gres=gpu:8 State=UNKNOWN
+NodeName=$HOST-2 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=6828 CPUs=128 RealMemory=1100000 Gres=gpu:8 State=UNKNOWN
 PartitionName=gpu Nodes=$HOST Default=YES MaxTime=INFINITE State=UP PriorityTier=1
 PartitionName=urgent Nodes=$HOST MaxTime=INFINITE State=UP PriorityTier=2
+PartitionName=pair Nodes=$HOST,$HOST-2 MaxTime=INFINITE State=UP PriorityTier=1
 EOF
     cat > /etc/slurm/gres.conf <<EOF
 AutoDetect=off
@@ -128,8 +134,8 @@ up() {
         || sacctmgr -i add user root account=cbpo >/dev/null
     sacctmgr -i modify user where name=root set DefaultAccount=cbpo >/dev/null 2>&1 || true
     slurmctld
-    slurmd
-    wait_for 60 "the node" sh -c 'sinfo -h -o %T | grep -qE "^(idle|mixed|allocated)"'
+    for node in "${NODES[@]}"; do slurmd -N "$node"; done
+    wait_for 60 "the nodes" sh -c '[ "$(sinfo -h -N -p pair -o %T | grep -cE "^(idle|mixed|allocated)")" = 2 ]'
     echo "local-cluster: up in $((SECONDS - t0)) s (install $((installed - t0)) s); state in $STATE"
 }
 

@@ -22,13 +22,16 @@ rocr_unset=(env -u ROCR_VISIBLE_DEVICES)
 port=${RAY_PORT:-6379}
 py=${RAY_PYTHON:-$1}
 ray=("$py" -m ray.scripts.scripts)
-mapfile -t nodes < <(scontrol show hostnames "${SLURM_JOB_NODELIST:?}")
+# Snakemake's job-step plugin runs a job of several nodes (`mpi`) in the batch script with every
+# SLURM_* variable but the job id removed: the nodes come from SLURM itself, and each node's share
+# from a step on the head, where SLURM sets it again.
+mapfile -t nodes < <(scontrol show hostnames "${SLURM_JOB_NODELIST:-$(squeue -h -j "$SLURM_JOB_ID" -o %N)}")
 head=${nodes[0]}
-head_ip=$(srun --overlap --nodes=1 --ntasks=1 -w "$head" hostname -I | awk '{print $1}')
-# Each node's share of the allocation: GPUs from SLURM's own per-node count (CUDA_VISIBLE_DEVICES
-# on this node otherwise), CPUs from the allocation's per-node CPUs.
-gpus=${SLURM_GPUS_ON_NODE:-$(tr , '\n' <<<"${CUDA_VISIBLE_DEVICES:-}" | grep -c . || true)}
-cpus=${SLURM_CPUS_ON_NODE:-1}
+# The head's address and each node's share of the allocation: GPUs from SLURM's per-node count
+# (CUDA_VISIBLE_DEVICES otherwise), CPUs from the allocation's per-node CPUs.
+# shellcheck disable=SC2016  # expanded in the step
+read -r head_ip gpus cpus < <(srun --overlap --nodes=1 --ntasks=1 -w "$head" sh -c \
+    'echo "$(hostname -I | cut -d" " -f1)" "${SLURM_GPUS_ON_NODE:-$(echo "${CUDA_VISIBLE_DEVICES:-}" | tr , "\n" | grep -c .)}" "${SLURM_CPUS_ON_NODE:-1}"')
 export RAY_ADDRESS="$head_ip:$port"
 echo "ray-on-slurm: ${#nodes[@]} node(s) ${nodes[*]}; head $head ($RAY_ADDRESS); $gpus GPU(s), $cpus CPU(s) per node"
 

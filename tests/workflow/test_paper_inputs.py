@@ -100,3 +100,16 @@ def test_without_the_hub_the_fetch_job_fails_at_once_naming_every_input(tmp_path
         assert repo in text
     assert "by hand: hf download Qwen/Qwen3-1.7B --local-dir models/qwen3-1.7b" in text
     assert not [p for p in (tmp_path / "work" / "models").rglob("*") if p.is_file()]  # Snakemake made the folders only
+
+
+def test_on_two_nodes_the_plan_asks_gpus_per_node_and_its_cost_counts_every_node(tmp_path):
+    out = snakemake(tmp_path, *STUDY, "verl_nodes=2", "-n", "--profile", "slurm")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    text = out.stdout + out.stderr
+    sft = next(line for line in text[text.index("rule sft:"):].splitlines() if "resources:" in line)
+    assert {"gres=gpu:8", "nodes=2", "tasks=2", "mpi=srun"} <= set(sft.split(": ", 1)[1].split(", ")), sft
+    assert " gpu=" not in sft, sft
+    cost = text[text.index("GPU-hours of this plan (paper/qwen3-1.7b/toolstar-math)"):].splitlines()
+    rows = {line.split()[0]: line.split() for line in cost[2:6]}
+    assert rows["sft"][1:3] == ["1", "16"]
+    assert rows["rl"][1:3] == ["11", "16-24"]  # OPD's: 8 per node and its teacher's 8, 12 per node

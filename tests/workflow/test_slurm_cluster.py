@@ -1,7 +1,8 @@
-"""The SLURM profile on a real cluster (`slurm/local-cluster.sh up`: one node, accounting, 8
-fake GPUs): the smoke study submitted for real, with one RL job cancelled and one requeued
-mid-run; what SLURM granted each job, read back from `sacct`; every way SLURM ends a job seen
-as ended; a bad setting failing, not retried forever; Ray started inside an allocation."""
+"""The SLURM profile on a real cluster (`slurm/local-cluster.sh up`: accounting, 8 fake GPUs
+per node, the profile's partition on one node, `pair` on two): the smoke study submitted for
+real, with one RL job cancelled and one requeued mid-run; what SLURM granted each job, read
+back from `sacct`; every way SLURM ends a job seen as ended; a bad setting failing, not retried
+forever; Ray started inside an allocation of one node and of two; verl's trainers in them."""
 import csv
 import json
 import os
@@ -276,20 +277,20 @@ def test_a_bad_setting_fails_with_its_log_not_retried_forever(faulted_study, tmp
     assert time.monotonic() - t0 < 600
 
 
-def test_ray_starts_across_the_allocation_before_the_command(tmp_path):
-    """slurm/ray-on-slurm.sh in a one-node allocation, a trivial command in the trainer's place:
-    the command joins the Ray cluster the script started, which holds the allocation's GPUs."""
-    with socket.socket() as s:  # a free ephemeral port (>= 32768, clear of Ray's worker ports): other Ray clusters may run here
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+@pytest.mark.parametrize("partition,nodes", [("gpu", 1), ("pair", 2)])
+def test_ray_starts_across_the_allocation_before_the_command(tmp_path, partition, nodes):
+    """slurm/ray-on-slurm.sh in an allocation of one node and of two (`pair`: the cluster's two
+    slurmd), a trivial command in the trainer's place: the command joins the Ray cluster the
+    script started, which holds every node of the allocation and its GPUs."""
+    port = free_port()  # other Ray clusters may run here
     probe = tmp_path / "probe.py"
     # a GPU task's environment is what verl's workers see: SLURM sets ROCR_VISIBLE_DEVICES beside
     # CUDA_VISIBLE_DEVICES, and verl's workers refuse to start with both
     probe.write_text("import os, ray\nray.init()\n"
                      "rocr = ray.get(ray.remote(num_gpus=1)(lambda: os.environ.get('ROCR_VISIBLE_DEVICES', '-')).remote())\n"
                      "print('RAY', os.environ['RAY_ADDRESS'], len(ray.nodes()), ray.cluster_resources()['GPU'], rocr)\n")
-    cmd = ["sbatch", "--parsable", "--wait", "-N1", "--ntasks-per-node=1", "--gpus-per-node=8", "--cpus-per-gpu=1",
-           "--mem=8000", "-t", "10", "-o", str(tmp_path / "ray.out"),
+    cmd = ["sbatch", "--parsable", "--wait", "-p", partition, f"-N{nodes}", "--ntasks-per-node=1", "--gpus-per-node=8",
+           "--cpus-per-gpu=1", "--mem=8000", "-t", "10", "-o", str(tmp_path / "ray.out"),
            # no token: a shared machine's ~/.ray/auth_token may be rewritten by others meanwhile
            f"--export=ALL,RAY_PYTHON={sys.executable},RAY_PORT={port},RAY_AUTH_MODE=disabled",
            "--wrap", f"{ROOT}/slurm/ray-on-slurm.sh {sys.executable} {probe}"]
@@ -297,7 +298,14 @@ def test_ray_starts_across_the_allocation_before_the_command(tmp_path):
     log = (tmp_path / "ray.out").read_text()
     assert out.returncode == 0, log[-4000:]
     (line,) = [line for line in log.splitlines() if line.startswith("RAY ")]
-    assert line.split()[2:] == ["1", "8.0", "-"] and line.split()[1].endswith(f":{port}"), line
+    assert line.split()[2:] == [str(nodes), f"{8.0 * nodes}", "-"] and line.split()[1].endswith(f":{port}"), line
+
+
+def free_port() -> int:
+    """A free ephemeral port (>= 32768, clear of Ray's worker ports)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 ENGINES_PY = ROOT / ".venv-engines" / "bin" / "python"
@@ -316,9 +324,7 @@ def test_verl_trains_grpo_through_ray_on_slurm_in_an_allocation(tmp_path):
         done = subprocess.run([str(ENGINES_PY), "-m", *step, *paths], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=1800)
         assert done.returncode == 0, done.stderr[-3000:]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     train = [str(ROOT / "slurm" / "ray-on-slurm.sh"), str(ENGINES_PY), "-m", "cbpo.train", "stage=rl", "backend=verl",
              "method=grpo", "verl.gpus_per_node=1", "verl.nodes=1", *paths]
     # the job's memory: SLURM sums the RSS of ~15 processes sharing torch's libraries (a 20 GB
@@ -335,3 +341,28 @@ def test_verl_trains_grpo_through_ray_on_slurm_in_an_allocation(tmp_path):
     assert json.loads((run / "final" / "DONE.json").read_text())["step"] == "final"
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2], steps
+
+
+@pytest.mark.skipif(os.environ.get("CBPO_SLOW") != "1" or not ENGINES_PY.exists(),
+                    reason="slow (~5 min, set CBPO_SLOW=1) and needs .venv-engines (make engines)")
+def test_verl_sft_trains_across_two_nodes_through_the_profile(tmp_path):
+    """`snakemake --profile slurm` with backend=verl verl_nodes=2 on `pair`: the sft rule is one
+    allocation of both nodes, its shell starts a torchrun on each (the job-step plugin leaves
+    it only the job id: the nodes come from SLURM), and verl's SFT trainer runs across them."""
+    resources = tmp_path / "resources.yaml"  # one fake GPU per node: two trainer processes in all
+    resources.write_text("resources:\n  sft: {gpu: 1, cpus_per_gpu: 2, mem_mb: 40000}\n")
+    cmd = [str(ENGINES_PY.with_name("snakemake")), f"runs/{KEY}/sft/final/DONE.json", "--profile", "slurm",
+           "-d", str(tmp_path), "--retries", "0", "--configfile", str(resources), "--config", "preset=smoke",
+           "backend=verl", "verl_nodes=2", "preflight=false",
+           *(o.replace("slurm_partition=gpu", "slurm_partition=pair") for o in SLURM_OPTIONS)]
+    out = subprocess.run(cmd, cwd=ROOT, env={**ENV, "WANDB_MODE": "offline"}, capture_output=True, text=True,
+                         timeout=2400)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
+    run_id = (out.stdout + out.stderr).split("SLURM run ID:", 1)[1].split()[0]
+    (job,) = [j for j, comment in sacct("--name", run_id, "-o", "JobIDRaw,Comment") if comment.startswith("rule_sft")]
+    steps = subprocess.run(["sacct", "-j", job, "--parsable2", "-n", "-o", "JobID,NNodes,NTasks,State"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert f"{job}.0|2|2|COMPLETED" in steps, steps  # the torchrun step: two nodes, one task each
+    run = tmp_path / "runs" / KEY / "sft"
+    assert json.loads((run / "final" / "DONE.json").read_text())["step"] == "final"
+    assert list((run / "verl").glob("global_step_*/model_world_size_2_rank_1.pt"))  # rank 1 trained with rank 0

@@ -1,6 +1,7 @@
-"""The rl rule's SLURM submission on verl (workflow/rules/train.smk): N nodes are one
+"""The training rules' SLURM submission on verl (workflow/rules/train.smk): N nodes are one
 allocation, one task per node, whose shell starts Ray across it (slurm/ray-on-slurm.sh)
-before the trainer. sbatch is a stub that records its arguments and refuses."""
+before the trainer for rl, and the SFT launch (its torchrun per node, cbpo/backends/verl/sft.py)
+for sft. sbatch is a stub that records its arguments and refuses."""
 import os
 import shlex
 import subprocess
@@ -20,8 +21,8 @@ STUBS = {
 }
 
 
-def submit(tmp_path, *config) -> tuple[list[str], str]:
-    """The sbatch arguments of CBPO's rl job, and the shell command its job would run."""
+def submit(tmp_path, *config, target=f"{KEY}/cbpo/final/DONE.json") -> tuple[list[str], str]:
+    """The sbatch arguments of ``target``'s job (CBPO's rl job), and the shell command it would run."""
     bin_dir = tmp_path / "stub bin"
     bin_dir.mkdir()
     for name, body in STUBS.items():
@@ -32,11 +33,12 @@ def submit(tmp_path, *config) -> tuple[list[str], str]:
     work = tmp_path / "work"
     made = [*(f"data/tasks/{t}/{s}.jsonl" for t in ("arith", "twohop") for s in ("train", "test")),
             "models/tiny/cbpo_model.json", f"{KEY}/sft/final/DONE.json"]
+    made = [path for path in made if path != target]
     for i, path in enumerate(made):  # each newer than what it was made from
         (work / path).parent.mkdir(parents=True, exist_ok=True)
         (work / path).touch()
         os.utime(work / path, (time.time() + i, time.time() + i))
-    cmd = [str(SNAKEMAKE), f"{KEY}/cbpo/final/DONE.json", "--profile", "slurm", "-d", str(work), "--retries", "0",
+    cmd = [str(SNAKEMAKE), target, "--profile", "slurm", "-d", str(work), "--retries", "0",
            "-p", "--slurm-init-seconds-before-status-checks", "1", "--config", "preset=smoke", "preflight=false", *config,
            "--default-resources", "slurm_account=acct"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
@@ -48,7 +50,8 @@ def submit(tmp_path, *config) -> tuple[list[str], str]:
 def test_verl_on_two_nodes_is_one_allocation_starting_ray_then_the_trainer(tmp_path):
     args, shell = submit(tmp_path, "backend=verl", "verl_nodes=2")
     # verl's recipe: N nodes, one task each; resources.rl's 8 GPUs on every node.
-    assert {"--nodes=2", "--ntasks=2", "--gpus=16", "--cpus-per-gpu=8"} <= set(args), args
+    assert {"--nodes=2", "--ntasks=2", "--gres=gpu:8", "--cpus-per-gpu=8"} <= set(args), args
+    assert not any(a.startswith("--gpus") for a in args), args
     assert "--ntasks-per-gpu" not in " ".join(args)
     words = shlex.split(shell)
     launcher = words.index(str(ROOT / "slurm" / "ray-on-slurm.sh"))
@@ -61,3 +64,12 @@ def test_verl_on_one_node_starts_ray_in_its_one_node_job(tmp_path):
     assert "--gpus=8" in args and not any(a.startswith(("--nodes", "--ntasks=")) for a in args), args
     words = shlex.split(shell)
     assert str(ROOT / "slurm" / "ray-on-slurm.sh") in words and "verl.nodes=1" in words, words
+
+
+def test_sft_on_two_nodes_is_one_allocation_whose_shell_runs_on_the_first(tmp_path):
+    args, shell = submit(tmp_path, "backend=verl", "verl_nodes=2", target=f"{KEY}/sft/final/DONE.json")
+    # the shell runs in the batch script (mpi: srun), where the launch sruns a torchrun per node
+    assert {"--nodes=2", "--ntasks=2", "--gres=gpu:8", "--cpus-per-gpu=8"} <= set(args), args
+    words = shlex.split(shell)
+    assert {"stage=sft", "backend=verl", "verl.nodes=2", "verl.gpus_per_node=8"} <= set(words), words
+    assert str(ROOT / "slurm" / "ray-on-slurm.sh") not in words and words[0] != "srun", words

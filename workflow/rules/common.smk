@@ -148,14 +148,6 @@ PRESET_BACKEND = composed().backend
 BACKEND = config["backend"] or PRESET_BACKEND
 
 
-def backend_args(nodes=1):
-    """The backend settings of a training job: nothing for the local default, else the backend
-    and (verl) its nodes."""
-    if BACKEND == PRESET_BACKEND == "local":
-        return []
-    return [f"backend={BACKEND}", *([f"verl.nodes={nodes}"] if BACKEND == "verl" else [])]
-
-
 TEACHER = config["opd_teacher"].get(PRESET)  # None: the DAG trains the tiny teacher
 # A teacher named as a model of cbpo.models is fetched into models/ like the backbone (prepare.smk).
 TEACHER_MODEL = TEACHER if TEACHER in MODELS else None

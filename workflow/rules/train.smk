@@ -7,6 +7,52 @@ if shutil.which("sacct") and f"{ROOT}/slurm/bin" not in os.environ["PATH"].split
     os.environ["PATH"] = os.pathsep.join([f"{ROOT}/slurm/bin", os.environ["PATH"]])
 
 
+def train_nodes():
+    """The nodes of a training job (sft, teacher, rl): on verl `verl_nodes` (workflow/config.yaml),
+    else the Hydra config's verl.nodes; the trainer gets the same number."""
+    if BACKEND != "verl":
+        return 1
+    return config["verl_nodes"] or composed().verl.nodes
+
+
+def backend_args(stage):
+    """The backend settings of a training job: nothing for the local default, else the backend
+    and (verl) the job's nodes and GPUs per node, those its SLURM resources ask for."""
+    if BACKEND == PRESET_BACKEND == "local":
+        return []
+    if BACKEND != "verl":
+        return [f"backend={BACKEND}"]
+    return [f"backend={BACKEND}", f"verl.nodes={train_nodes()}", f"verl.gpus_per_node={resources(stage)['gpu']}"]
+
+
+def rl_gpus(wildcards):
+    """An rl job's GPUs: resources.rl's on each node; OPD on verl also holds its teacher's own
+    (verl.teacher_gpus, configs/config.yaml)."""
+    from cbpo.backends.verl.config import DISTILLED
+
+    gpus = resources("rl").get("gpu", 0) * train_nodes()
+    if BACKEND == "verl" and method_of(wildcards.trained) in DISTILLED:
+        gpus += composed().verl.teacher_gpus
+    return gpus
+
+
+def train_resources(stage, gpus=None):
+    """resources.<stage> (GPUs: ``gpus(wildcards)`` where given, else resources.<stage>'s per
+    node), on several nodes one SLURM allocation (--nodes=N) with one task per node: verl's
+    Ray-on-SLURM recipe for rl, one torchrun per node for SFT. There the GPUs are asked per node
+    (--gres=gpu:G, as verl's recipe does), so every node holds its share and a one-node step
+    inside the job is valid; `mpi` makes the job-step plugin run the shell in the batch script
+    instead of a one-node srun, so the shell reaches every node (slurm/ray-on-slurm.sh; SFT's
+    srun, cbpo/backends/verl/sft.py)."""
+    nodes = train_nodes()
+    spec = dict(resources(stage))
+    per_node = spec.pop("gpu", 0)
+    if nodes == 1:
+        return {**spec, "gpu": gpus or per_node}
+    gres = (lambda w: f"gpu:{-(-gpus(w) // nodes)}") if gpus else f"gpu:{per_node}"
+    return {**spec, "nodes": nodes, "tasks": nodes, "mpi": "srun", "gres": gres}
+
+
 rule sft:
     input:
         "models/{model}/cbpo_model.json",
@@ -17,9 +63,9 @@ rule sft:
     log: f"logs/{KEY}/sft.log"
     benchmark: f"results/benchmarks/{KEY}/sft.tsv"
     threads: 2  # runs alone in the CPU demo
-    resources: **resources("sft")
-    # on verl: torchrun over the job's GPUs on one node (cbpo/backends/verl/sft.py)
-    params: data_root=DATA_ROOT, backend=backend_args()
+    resources: **train_resources("sft")
+    # on verl: torchrun over the job's GPUs, one per node (cbpo/backends/verl/sft.py)
+    params: data_root=DATA_ROOT, backend=backend_args("sft")
     shell: command("cbpo.train stage=sft {params.backend:q}", JOB)
 
 rule teacher:  # OPD's teacher where the preset names none: the SFT recipe run longer
@@ -28,41 +74,13 @@ rule teacher:  # OPD's teacher where the preset names none: the SFT recipe run l
     log: f"logs/{KEY}/teacher.log"
     benchmark: f"results/benchmarks/{KEY}/teacher.tsv"
     threads: 2
-    resources: **resources("sft")
+    resources: **train_resources("sft")
     params:
         data_root=DATA_ROOT,
         init=lambda w: f"init=runs/{KEY.format(**w)}/teacher/final",
         steps=lambda w: f"sft.steps={preset_sft_steps() * config['teacher_sft_factor']}",
-        backend=backend_args(),
+        backend=backend_args("sft"),
     shell: command("cbpo.train stage=sft {params.init:q} {params.steps:q} {params.backend:q}", JOB)
-
-
-def rl_nodes():
-    """The nodes of an rl job: on verl `verl_nodes` (workflow/config.yaml), else the Hydra
-    config's verl.nodes; the trainer gets the same number."""
-    if BACKEND != "verl":
-        return 1
-    return config["verl_nodes"] or composed().verl.nodes
-
-
-def rl_gpus(wildcards):
-    """An rl job's GPUs: resources.rl's on each node; OPD on verl also holds its teacher's own
-    (verl.teacher_gpus, configs/config.yaml)."""
-    from cbpo.backends.verl.config import DISTILLED
-
-    gpus = resources("rl").get("gpu", 0) * rl_nodes()
-    if BACKEND == "verl" and method_of(wildcards.trained) in DISTILLED:
-        gpus += composed().verl.teacher_gpus
-    return gpus
-
-
-def rl_resources():
-    """resources.rl, on several nodes one SLURM allocation (--nodes=N) with one task per node,
-    verl's Ray-on-SLURM recipe. `mpi` makes the job-step plugin run the shell in the batch
-    script instead of a one-node srun, so slurm/ray-on-slurm.sh reaches every node."""
-    nodes = rl_nodes()
-    multi = {"nodes": nodes, "tasks": nodes, "mpi": "srun"} if nodes > 1 else {}
-    return {**resources("rl"), **multi, "gpu": rl_gpus}
 
 
 rule rl:
@@ -77,12 +95,12 @@ rule rl:
     log: f"logs/{KEY}/{{trained}}.log"
     benchmark: f"results/benchmarks/{KEY}/rl_{{trained}}.tsv"
     threads: 1
-    resources: **rl_resources()
+    resources: **train_resources("rl", rl_gpus)
     # H's GPU backends: backend=verl reaches the job; the default (local) adds nothing.
     # A variant names its run folder (variant=) and carries its overrides.
     params:
         data_root=DATA_ROOT,
-        backend=backend_args(rl_nodes()),
+        backend=backend_args("rl"),
         # verl trains on a Ray cluster: started across the job's allocation under SLURM
         launch=[] if BACKEND == "local" else [f"{ROOT}/slurm/ray-on-slurm.sh"],
         method=lambda w: method_of(w.trained),

@@ -17,7 +17,8 @@ and its cosine schedule is verl's.
 from __future__ import annotations
 
 import json
-import os
+import math
+import socket
 import subprocess
 import sys
 import time
@@ -56,7 +57,14 @@ class SuiteSFTDataset(torch.utils.data.Dataset):
 
 
 def overrides(cfg: DictConfig, sft, verl_cfg, init: Path, out: Path, on_cpu: bool) -> list[str]:
-    """The suite's SFT settings as overrides of verl's ``sft_trainer_engine`` config."""
+    """The suite's SFT settings as overrides of verl's ``sft_trainer_engine`` config. Each GPU
+    trains its share of the batch in micro-batches of at most ``verl.micro_batch_per_gpu`` rows
+    that divide the share (verl requires it; the size only trades memory for time)."""
+    world = verl_cfg.nodes * verl_cfg.gpus_per_node
+    if sft.batch_size % world:
+        raise ValueError(f"sft.batch_size={sft.batch_size} does not split over {world} GPUs "
+                         f"(verl.nodes={verl_cfg.nodes} x verl.gpus_per_node={verl_cfg.gpus_per_node})")
+    micro = math.gcd(verl_cfg.micro_batch_per_gpu, sft.batch_size // world)
     platform = {"model.use_remove_padding": "true", "engine.dtype": "bfloat16", "trainer.device": "cuda"}
     if on_cpu:
         from cbpo.backends.verl import cpu
@@ -66,7 +74,7 @@ def overrides(cfg: DictConfig, sft, verl_cfg, init: Path, out: Path, on_cpu: boo
         f"model.path={init}",
         f"data.train_files={out / 'verl' / TRAIN_FILE}", "data.val_files=null",
         f"data.custom_cls.path={__file__}", "data.custom_cls.name=SuiteSFTDataset",
-        f"data.train_batch_size={sft.batch_size}", f"data.micro_batch_size_per_gpu={verl_cfg.micro_batch_per_gpu}",
+        f"data.train_batch_size={sft.batch_size}", f"data.micro_batch_size_per_gpu={micro}",
         "data.use_dynamic_bsz=false", "data.pad_mode=no_padding", f"data.max_length={sft.max_len}",
         "data.truncation=error", "data.num_workers=0",
         f"optim.lr={sft.lr}", f"optim.weight_decay={sft.weight_decay}", f"optim.lr_warmup_steps={sft.warmup_steps}",
@@ -122,17 +130,49 @@ def write_inputs(cfg: DictConfig, rows, init: Path, out: Path, sft) -> None:
     OmegaConf.save(cfg, verl_dir / SUITE_CONFIG, resolve=True)
 
 
-def torchrun(verl_cfg, out: Path) -> list[str]:
-    """One process per GPU on each of ``verl.nodes`` nodes; several nodes meet at
-    ``MASTER_ADDR:MASTER_PORT`` (the first node of the SLURM allocation, slurm/ray-on-slurm.sh)."""
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={verl_cfg.gpus_per_node}",
-               f"--nnodes={verl_cfg.nodes}"]
-    if verl_cfg.nodes > 1:
-        command += [f"--node_rank={os.environ.get('SLURM_NODEID', 0)}", "--rdzv_backend=c10d",
-                    f"--rdzv_endpoint={os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', 29500)}"]
-    else:
-        command += ["--standalone"]
-    return [*command, "-m", __name__, str(out)]
+def torchrun(verl_cfg, out: Path, env: dict) -> list[str]:
+    """One process per GPU on each of ``verl.nodes`` nodes. On several nodes, one torchrun per
+    node of the SLURM allocation this launch runs in (``srun``, one task per node; the sft rule
+    submits such an allocation), meeting at this node, the allocation's first (the batch
+    script's), by torchrun's static rendezvous (``--master_addr``, a node rank per task)."""
+    nodes = verl_cfg.nodes
+    per_node = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={verl_cfg.gpus_per_node}",
+                f"--nnodes={nodes}"]
+    script = ["-m", __name__, str(out)]
+    if nodes == 1:
+        return [*per_node, "--standalone", *script]
+    allocated = allocation_nodes(env)
+    if allocated < nodes:
+        held = f"{allocated} node(s) of SLURM job {env['SLURM_JOB_ID']}" if "SLURM_JOB_ID" in env else "no SLURM allocation"
+        raise RuntimeError(f"verl.nodes={nodes} trains SFT on {nodes} nodes of one SLURM allocation (the sft rule "
+                           f"submits one: --nodes={nodes}); this process has {held}")
+    host = subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=True).stdout.split()[0]
+    # SLURM's gpu GRES sets ROCR_VISIBLE_DEVICES in every step; verl refuses it beside
+    # CUDA_VISIBLE_DEVICES (slurm/ray-on-slurm.sh drops it for the same reason). Each task's
+    # node rank is its SLURM node id (torchrun reads PET_NODE_RANK); rank 0's node, this one,
+    # holds the store.
+    return ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+            "env", "-u", "ROCR_VISIBLE_DEVICES", "sh", "-c", 'PET_NODE_RANK="$SLURM_NODEID" exec "$@"', "sh",
+            *per_node, f"--master_addr={host}", f"--master_port={env.get('MASTER_PORT') or free_port()}", *script]
+
+
+def allocation_nodes(env: dict) -> int:
+    """The nodes of the SLURM job this process runs in (0 outside one). Snakemake's job-step plugin
+    runs a job of several nodes in its batch script with every SLURM_* variable but the job id
+    removed, so SLURM is asked where the variable is gone."""
+    if "SLURM_JOB_ID" not in env:
+        return 0
+    if "SLURM_JOB_NUM_NODES" in env:
+        return int(env["SLURM_JOB_NUM_NODES"])
+    listed = subprocess.run(["squeue", "-h", "-j", env["SLURM_JOB_ID"], "-o", "%D"], capture_output=True, text=True)
+    return int(listed.stdout.strip() or 0)
+
+
+def free_port() -> int:
+    """A port free on this node now, for the rendezvous it hosts."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def run(out: Path) -> None:
@@ -201,6 +241,7 @@ def launch(cfg: DictConfig, out: Path, verl_cfg, on_cpu: bool, env: dict) -> Non
         return
     from cbpo.backends.verl.launch import claim_run
 
+    command = torchrun(verl_cfg, out, env)  # before the run is claimed: a missing allocation stops here
     rows = load_split(cfg.data, cfg.paths.data_dir, "sft")
     writer = claim_run(cfg, out, rows, init)
     if writer is None:
@@ -208,7 +249,7 @@ def launch(cfg: DictConfig, out: Path, verl_cfg, on_cpu: bool, env: dict) -> Non
     with writer:
         write_inputs(cfg, rows, init, out, sft)
         OmegaConf.save(config, out / "verl" / SFT_CONFIG)
-        done = subprocess.run(torchrun(verl_cfg, out), env=env)
+        done = subprocess.run(command, env=env)
     if done.returncode:
         raise RuntimeError(f"verl's SFT trainer failed (exit {done.returncode}); its output is above")
     print(f"wrote {out / 'final'}")

@@ -1,6 +1,7 @@
 """SFT on verl (cbpo/backends/verl/sft.py) up to verl's trainer: the dataset verl's SFT trainer
 reads holds the local trainer's tokens and loss mask (model tokens only), and the settings that
 decide the update reach verl's config. The run itself is in test_verl_cpu.py (engine tier)."""
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -54,15 +55,42 @@ def test_the_suites_sft_settings_reach_verls_config(tmp_path):
     from cbpo.backends.verl.config import VerlConfig
 
     cfg = OmegaConf.create({"wandb": {"project": "p"}, "run_name": "sft"})
-    settings = SFTConfig(steps=7, batch_size=6, lr=2e-4, weight_decay=0.1, warmup_steps=2, decay="cosine",
+    settings = SFTConfig(steps=7, batch_size=16, lr=2e-4, weight_decay=0.1, warmup_steps=2, decay="cosine",
                          min_lr_ratio=0.1, max_len=300, seed=3, checkpoint_every=5)
     verl_cfg = VerlConfig(nodes=2, gpus_per_node=4, tensor_parallel=1, gpu_memory_utilization=0.5,
                           micro_batch_per_gpu=2, teacher_gpus=1, teacher_tensor_parallel=1)
     config = sft.compose(sft.overrides(cfg, settings, verl_cfg, Path("/models/init"), tmp_path, on_cpu=False))
-    assert (config.trainer.total_training_steps, config.data.train_batch_size, config.data.max_length) == (7, 6, 300)
+    assert (config.trainer.total_training_steps, config.data.train_batch_size, config.data.max_length) == (7, 16, 300)
     assert (config.optim.lr, config.optim.weight_decay, config.optim.lr_warmup_steps) == (2e-4, 0.1, 2)
     assert (config.optim.lr_scheduler_type, config.optim.min_lr_ratio) == ("cosine", 0.1)
     assert (config.trainer.nnodes, config.trainer.n_gpus_per_node, config.data.micro_batch_size_per_gpu) == (2, 4, 2)
     assert (config.trainer.save_freq, config.trainer.resume_mode, config.engine.seed) == (5, "auto", 3)
     assert config.data.custom_cls.name == "SuiteSFTDataset" and config.model.path == "/models/init"
     assert "hf_model" in config.checkpoint.save_contents  # final/ is made from plain weights
+    # 8 GPUs: 1 row each of a batch of 8, so micro-batches of 1; 6 rows do not split over 8 GPUs
+    args = sft.overrides(cfg, dataclasses.replace(settings, batch_size=8), verl_cfg, Path("/m"), tmp_path, on_cpu=False)
+    assert "data.micro_batch_size_per_gpu=1" in args
+    with pytest.raises(ValueError, match="sft.batch_size=6 does not split over 8 GPUs"):
+        sft.overrides(cfg, dataclasses.replace(settings, batch_size=6), verl_cfg, Path("/m"), tmp_path, on_cpu=False)
+
+
+def test_sft_on_several_nodes_is_a_torchrun_per_node_of_the_slurm_allocation(tmp_path):
+    from cbpo.backends.verl.config import VerlConfig
+
+    def command(nodes, env):
+        verl_cfg = VerlConfig(nodes=nodes, gpus_per_node=4, tensor_parallel=1, gpu_memory_utilization=0.5,
+                              micro_batch_per_gpu=2, teacher_gpus=1, teacher_tensor_parallel=1)
+        return sft.torchrun(verl_cfg, tmp_path, env)
+
+    one = command(1, {})
+    assert "--standalone" in one and "--nproc_per_node=4" in one and one[0] != "srun"
+    two = command(2, {"SLURM_JOB_ID": "17", "SLURM_JOB_NUM_NODES": "2", "MASTER_PORT": "29611"})
+    # one task per node, each a torchrun of 4 processes, meeting on this node (the allocation's first)
+    assert two[:5] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"], two
+    assert {"--nnodes=2", "--nproc_per_node=4", "--master_port=29611"} <= set(two), two
+    # each task's node rank is its SLURM node id, set in the task (torchrun reads PET_NODE_RANK)
+    assert two[two.index("-c") + 1] == 'PET_NODE_RANK="$SLURM_NODEID" exec "$@"', two
+    assert "--standalone" not in two and two[-2:] == [sft.__name__, str(tmp_path)]
+    for env, held in (({}, "no SLURM allocation"), ({"SLURM_JOB_ID": "17", "SLURM_JOB_NUM_NODES": "1"}, "1 node")):
+        with pytest.raises(RuntimeError, match=f"verl.nodes=2 trains SFT on 2 nodes.*{held}"):
+            command(2, env)
