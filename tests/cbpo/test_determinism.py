@@ -1,7 +1,9 @@
-"""What is reproducible (issue 24.8): on one machine, the same seed gives bitwise-equal weights;
-across machines, the CPU kernels torch picks for the host's instruction set (AVX-512, AVX2)
-change the bits, so numbers agree across hosts only with that choice pinned
-(``ATEN_CPU_CAPABILITY``, read once at start)."""
+"""What is reproducible (issue 24.8, docs/reproducibility.md#determinism): on one machine, the same
+seed and thread count give bitwise-equal weights. Two things change the bits between machines of
+one kind: the thread count where MKL splits a matrix product's reduction over threads (it does on
+an AVX-512 Intel Xeon, not on an AVX2 AMD EPYC), and the CPU kernels ATen picks for the host's
+instruction set. ``MKL_CBWR=AVX2,STRICT`` removes the first, ``ATEN_CPU_CAPABILITY=avx2`` the second
+(both read once at start)."""
 import functools
 import os
 import subprocess
@@ -48,9 +50,15 @@ def sft_weights(threads: int, **env) -> tuple[str, str]:
     return capability, digest
 
 
-def test_the_same_seed_on_the_same_machine_gives_bitwise_equal_weights_with_either_thread_count():
-    assert sft_weights(1) == native(1)
-    assert native(2) == native(1)  # measured on the tiny model: its kernels split no reduction over threads
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_same_seed_and_thread_count_on_one_machine_give_bitwise_equal_weights(threads):
+    assert sft_weights(threads) == native(threads)
+
+
+def test_mkls_strict_mode_makes_the_weights_independent_of_the_thread_count():
+    # Without it, 1 and 2 threads differ on an AVX-512 Xeon (MKL's GEMM splits the reduction).
+    strict = {"MKL_CBWR": "AVX2,STRICT"}
+    assert sft_weights(1, **strict) == sft_weights(2, **strict)
 
 
 @pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512", reason="the host has no AVX-512 kernels to compare")
