@@ -15,7 +15,11 @@ trace searches, else ``math`` (SFT does not score, the field only keeps the row 
 the observations sanitised as the agent loop sanitises tool output. A row that does not fit is
 never dropped silently: ``convert`` returns it in ``rejected`` with its id and the reason.
 
-    python -m cbpo.toolstar IN.json OUT.jsonl [--report REPORT.json]
+    python -m cbpo.toolstar IN.json OUT.jsonl [--report REPORT.json] [--tokenizer MODEL_DIR]
+
+With ``--tokenizer`` (the backbone's folder, e.g. ``models/qwen3-1.7b``) the report also gives
+the converted traces' token lengths as SFT encodes them (``trace_lengths``): the numbers that set
+``sft.max_len``, the agent's caps and verl's response length (configs/preset/paper.yaml).
 """
 from __future__ import annotations
 
@@ -28,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from cbpo.chat import TOOL_NAMES, TOOL_TAGS, sanitise_observation, special_tokens
+from cbpo.chat import (TOOL_NAMES, TOOL_TAGS, resolve_system_prompt, sanitise_observation, special_tokens,
+                       split_observations)
 from cbpo.data import write_atomically, write_jsonl
 
 _TAG = re.compile("|".join(re.escape(t) for pair in TOOL_TAGS.values() for t in pair))
@@ -163,7 +168,28 @@ def convert(records: Iterable[Any]) -> Conversion:
     return out
 
 
-def convert_file(source: str | Path, out: str | Path, report: str | Path | None = None) -> Conversion:
+def trace_lengths(rows: Iterable[dict], tokenizer, system_prompt: str | None) -> dict:
+    """Median, p99 and max token counts of the rows as SFT trains on them (``encode_trace``):
+    the whole example, its prompt, the model's own tokens, and each tool observation."""
+    import numpy as np
+
+    from cbpo.chat import build_prompt
+    from cbpo.trainer import encode_trace
+
+    counts: dict[str, list[int]] = {"example": [], "prompt": [], "model_tokens": [], "observation": []}
+    for row in rows:
+        ids, mask = encode_trace(tokenizer, row["question"], row["trace"], system_prompt)
+        counts["example"].append(len(ids))
+        counts["prompt"].append(len(build_prompt(tokenizer, row["question"], system_prompt)))
+        counts["model_tokens"].append(sum(mask))
+        counts["observation"] += [len(tokenizer(text, add_special_tokens=False)["input_ids"])
+                                  for text, is_model in split_observations(row["trace"]) if not is_model]
+    return {name: {"median": float(np.median(c)), "p99": float(np.percentile(c, 99)), "max": int(max(c)), "n": len(c)}
+            for name, c in counts.items() if c}
+
+
+def convert_file(source: str | Path, out: str | Path, report: str | Path | None = None, tokenizer=None,
+                 system_prompt: str | None = None) -> Conversion:
     """``source`` (alpaca) -> ``out`` (task-format JSONL) and the report beside it
     (``<out>.report.json`` unless ``report`` says). Both are written atomically."""
     out = Path(out)
@@ -172,7 +198,10 @@ def convert_file(source: str | Path, out: str | Path, report: str | Path | None 
         raise ValueError(f"{source}: no row could be converted ({result.report(str(source))['reasons']})")
     write_jsonl(out, result.rows)
     report = Path(report) if report else out.with_name(out.stem + ".report.json")
-    write_atomically(report, json.dumps(result.report(str(source)), indent=1) + "\n")
+    summary = result.report(str(source))
+    if tokenizer is not None:
+        summary["trace_lengths"] = trace_lengths(result.rows, tokenizer, system_prompt)
+    write_atomically(report, json.dumps(summary, indent=1) + "\n")
     return result
 
 
@@ -181,10 +210,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("source", help="Tool-Star-SFT-54K's alpaca JSON (or JSON lines)")
     parser.add_argument("out", help="the suite's SFT file (task-format JSONL)")
     parser.add_argument("--report", default=None, help="default: <out stem>.report.json beside it")
+    parser.add_argument("--tokenizer", default=None,
+                        help="a tokenizer folder (the backbone's): adds the traces' token lengths to the report")
+    parser.add_argument("--system-prompt", default="default",
+                        help='the study\'s system_prompt ("default", "none" or the text), as the lengths count it')
     args = parser.parse_args(argv)
-    result = convert_file(args.source, args.out, args.report)
+    tokenizer = None
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    system_prompt = resolve_system_prompt(args.system_prompt)
+    result = convert_file(args.source, args.out, args.report, tokenizer, system_prompt)
     print(f"{args.out}: {len(result.rows)} rows; {len(result.rejected)} rejected"
           + "".join(f"\n  {n} x {reason}" for reason, n in Counter(r["reason"] for r in result.rejected).most_common()))
+    if tokenizer is not None:
+        for name, st in trace_lengths(result.rows, tokenizer, system_prompt).items():
+            print(f"  {name} tokens: median {st['median']:.0f}, p99 {st['p99']:.0f}, max {st['max']} ({st['n']})")
     return 0
 
 

@@ -102,3 +102,27 @@ def test_the_loss_falls_on_the_model_tokens_of_a_converted_trace():
 
 def test_trace_of_counts_search_calls_as_the_search_domain():
     assert trace_of(SEARCH)[1] == "search" and trace_of(PYTHON)[1] == "math"
+
+
+def test_with_a_tokenizer_the_report_gives_the_traces_token_lengths_as_sft_encodes_them(tmp_path):
+    """What sets sft.max_len and the agent's caps at paper scale, measured on the converted data."""
+    source = tmp_path / "final_sft_edition9.json"
+    source.write_text(json.dumps(alpaca(PYTHON, SEARCH) + alpaca(PYTHON, question="What is twelve times seven, in digits?")))
+    rows = convert_file(source, tmp_path / "plain.jsonl").rows
+    assert len(rows) == 3
+    tok = train_tokenizer([r["question"] + r["trace"] for r in rows] * 20, bpe_vocab=300)
+    tok.save_pretrained(tmp_path / "tok")
+    out = tmp_path / "sft.jsonl"
+    done = subprocess.run([sys.executable, "-m", "cbpo.toolstar", str(source), str(out), "--tokenizer", str(tmp_path / "tok")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lengths = json.loads((tmp_path / "sft.report.json").read_text())["trace_lengths"]
+    from cbpo.chat import SYSTEM_PROMPT
+
+    examples = [encode_trace(tok, r["question"], r["trace"], SYSTEM_PROMPT) for r in rows]
+    assert lengths["example"]["max"] == max(len(ids) for ids, _ in examples)
+    assert lengths["model_tokens"]["max"] == max(sum(mask) for _, mask in examples)
+    assert lengths["observation"]["n"] == 3  # one tool output per trace
+    assert lengths["prompt"]["max"] < lengths["example"]["max"]
+    assert f"example tokens: median {lengths['example']['median']:.0f}" in done.stdout
+    assert "trace_lengths" not in json.loads((tmp_path / "plain.report.json").read_text())  # no tokenizer, no lengths
