@@ -173,9 +173,11 @@ def check_slurm(wf: Mapping, partition: str | None, account: str | None, run: Ru
         want = {"gpu": gpus, "mem_mb": res.get("mem_mb", 0), "cpus": gpus * res.get("cpus_per_gpu", 0) or res.get("cpus_per_task", 0)}
         for key, unit in (("gpu", "GPUs"), ("cpus", "CPUs"), ("mem_mb", "MB of memory")):
             if want[key] > best[key]:
+                teacher = " (OPD's include its teacher's verl.teacher_gpus: lower it, or spread them with --config verl_nodes=2)" \
+                    if gpus != res.get("gpu", 0) else ""
                 problems.append(Problem("slurm", f"{kind} jobs ask for {want[key]} {unit} per node; partition {partition!r}'s "
                                         f"largest node has {best[key]}",
-                                        f"lower resources.{kind} in workflow/config.yaml (or use a partition that has them)"))
+                                        f"lower resources.{kind} in workflow/config.yaml (or use a partition that has them){teacher}"))
         if max_minutes is not None and res.get("runtime", 0) > max_minutes:
             problems.append(Problem("slurm", f"{kind} jobs ask for {res['runtime']} min; partition {partition!r}'s MaxTime is "
                                     f"{fields['MaxTime']}", f"lower resources.{kind}.runtime (jobs resume from their checkpoints) "
@@ -232,6 +234,17 @@ def check_engines(python: Path, run: Run) -> list[Problem]:
     return problems
 
 
+def rl_gpus_per_node(wf: Mapping, cfg, methods: list[str]) -> int:
+    """The GPUs an rl job asks of each node, as the rl rule asks them (workflow/rules/train.smk):
+    resources.rl's, and on verl with OPD its teacher's (verl.teacher_gpus) spread over the job's
+    nodes. The backend is the workflow's, else the preset's."""
+    per_node = wf["resources"]["rl"].get("gpu", 0)
+    if (wf.get("backend") or cfg.backend) != "verl" or "opd" not in methods:
+        return per_node
+    nodes = wf.get("verl_nodes") or cfg.verl.nodes
+    return per_node + -(-cfg.verl.teacher_gpus // nodes)
+
+
 def diagnose(overrides: list[str], configfile: Path, partition: str | None, account: str | None, engines: Path,
              env: Mapping[str, str] | None = None,
              run: Run = _run, reachable: Callable[[str], str | None] = _reachable) -> tuple[list[Problem], list[str]]:
@@ -241,7 +254,7 @@ def diagnose(overrides: list[str], configfile: Path, partition: str | None, acco
     benchmarks = wf["benchmarks"] or wf["data_benchmarks"].get(cfg.data.name, [])
     rows = wf["preset_rows"].get(cfg.preset_name, wf["preset_rows"]["default"])
     methods = wf["methods"] or rows["methods"]
-    gpus_of = {"rl": wf["resources"]["rl"].get("gpu", 0) + (cfg.verl.teacher_gpus if "opd" in methods and wf.get("backend") == "verl" else 0)}
+    gpus_of = {"rl": rl_gpus_per_node(wf, cfg, methods)}
     from cbpo.models import MODELS
 
     teacher = (wf.get("opd_teacher") or {}).get(cfg.preset_name)

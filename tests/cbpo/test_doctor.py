@@ -106,3 +106,17 @@ def test_disk_for_the_checkpoints(tmp_path, monkeypatch):
     assert p.what.startswith("10 GB free at") and "keep about 672 GB" in p.what
     monkeypatch.setattr(doctor.shutil, "disk_usage", lambda path: SimpleNamespace(free=1e13))
     assert doctor.check_disk(cfg, {}, tmp_path, 12) == []
+
+
+def test_an_opd_rl_job_on_verl_is_checked_for_its_teachers_gpus_as_the_rl_rule_spreads_them():
+    cfg, wf = doctor.study_config(PAPER, WF)  # backend null in the workflow: the paper preset's verl
+    rl = wf["resources"]["rl"]["gpu"]
+    teacher = cfg.verl.teacher_gpus
+    assert doctor.rl_gpus_per_node(wf, cfg, ["grpo"]) == rl
+    assert doctor.rl_gpus_per_node(wf, cfg, ["grpo", "opd"]) == rl + teacher
+    assert doctor.rl_gpus_per_node({**wf, "verl_nodes": 2}, cfg, ["opd"]) == rl + -(-teacher // 2)
+    assert doctor.rl_gpus_per_node({**wf, "backend": "local"}, cfg, ["opd"]) == rl
+    eight = fake_slurm("MaxTime=UNLIMITED", "gpu:8|1024000|128")
+    (problem,), _ = doctor.check_slurm({"resources": {"rl": {"gpu": 8}}}, "gpu", "acct", eight, {"rl": 16})
+    assert problem.what == "rl jobs ask for 16 GPUs per node; partition 'gpu''s largest node has 8"
+    assert "verl.teacher_gpus" in problem.fix and "verl_nodes=2" in problem.fix
