@@ -173,8 +173,9 @@ def check_slurm(wf: Mapping, partition: str | None, account: str | None, run: Ru
         want = {"gpu": gpus, "mem_mb": res.get("mem_mb", 0), "cpus": gpus * res.get("cpus_per_gpu", 0) or res.get("cpus_per_task", 0)}
         for key, unit in (("gpu", "GPUs"), ("cpus", "CPUs"), ("mem_mb", "MB of memory")):
             if want[key] > best[key]:
-                teacher = " (OPD's include its teacher's verl.teacher_gpus: lower it, or spread them with --config verl_nodes=2)" \
-                    if gpus != res.get("gpu", 0) else ""
+                teacher = ("" if gpus == res.get("gpu", 0) else
+                           " (OPD's include its teacher's verl.teacher_gpus, spread over verl_nodes: resources.rl.gpu plus "
+                           "teacher_gpus / verl_nodes must fit a node, e.g. resources.rl.gpu 4 with verl_nodes=2)")
                 problems.append(Problem("slurm", f"{kind} jobs ask for {want[key]} {unit} per node; partition {partition!r}'s "
                                         f"largest node has {best[key]}",
                                         f"lower resources.{kind} in workflow/config.yaml (or use a partition that has them){teacher}"))
