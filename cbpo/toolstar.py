@@ -48,6 +48,7 @@ _RESERVED = re.compile("|".join(map(re.escape, sorted(special_tokens(), key=len,
 class Conversion:
     rows: list[dict] = field(default_factory=list)
     rejected: list[dict] = field(default_factory=list)  # {"id", "reason"}, in file order
+    trace_lengths: dict | None = None  # ``trace_lengths(rows, ...)`` where a tokenizer was given
 
     def report(self, source: str) -> dict:
         """What ``convert`` kept and refused, with every refused row named."""
@@ -58,6 +59,7 @@ class Conversion:
             "reasons": dict(Counter(r["reason"] for r in self.rejected).most_common()),
             "rejected_rows": self.rejected,
             "domains": dict(Counter(r["domain"] for r in self.rows)),
+            **({"trace_lengths": self.trace_lengths} if self.trace_lengths is not None else {}),
         }
 
 
@@ -198,10 +200,9 @@ def convert_file(source: str | Path, out: str | Path, report: str | Path | None 
         raise ValueError(f"{source}: no row could be converted ({result.report(str(source))['reasons']})")
     write_jsonl(out, result.rows)
     report = Path(report) if report else out.with_name(out.stem + ".report.json")
-    summary = result.report(str(source))
     if tokenizer is not None:
-        summary["trace_lengths"] = trace_lengths(result.rows, tokenizer, system_prompt)
-    write_atomically(report, json.dumps(summary, indent=1) + "\n")
+        result.trace_lengths = trace_lengths(result.rows, tokenizer, system_prompt)
+    write_atomically(report, json.dumps(result.report(str(source)), indent=1) + "\n")
     return result
 
 
@@ -224,9 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     result = convert_file(args.source, args.out, args.report, tokenizer, system_prompt)
     print(f"{args.out}: {len(result.rows)} rows; {len(result.rejected)} rejected"
           + "".join(f"\n  {n} x {reason}" for reason, n in Counter(r["reason"] for r in result.rejected).most_common()))
-    if tokenizer is not None:
-        for name, st in trace_lengths(result.rows, tokenizer, system_prompt).items():
-            print(f"  {name} tokens: median {st['median']:.0f}, p99 {st['p99']:.0f}, max {st['max']} ({st['n']})")
+    for name, st in (result.trace_lengths or {}).items():
+        print(f"  {name} tokens: median {st['median']:.0f}, p99 {st['p99']:.0f}, max {st['max']} ({st['n']})")
     return 0
 
 
