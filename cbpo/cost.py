@@ -27,6 +27,19 @@ def job_gpus(resources: Mapping) -> int:
     return int(resources.get("gpu", 0) or 0) or gres_gpus(str(resources.get("gres") or "")) * int(resources.get("nodes", 1) or 1)
 
 
+def rl_job_gpus(per_node: int, nodes: int, method: str, backend: str, teacher_gpus: int) -> int:
+    """All GPUs of an rl job (the rl rule's, workflow/rules/train.smk): ``resources.rl.gpu`` on
+    each node, and on verl a distilled method's (OPD's) teacher's own ``verl.teacher_gpus``."""
+    from cbpo.backends.verl.config import DISTILLED
+
+    return per_node * nodes + (teacher_gpus if backend == "verl" and method in DISTILLED else 0)
+
+
+def per_node_gpus(gpus: int, nodes: int) -> int:
+    """A job's GPUs spread over its nodes, as it asks SLURM for them (``--gres=gpu:G`` per node)."""
+    return -(-gpus // nodes)
+
+
 @dataclass(frozen=True)
 class PlannedJob:
     stage: str  # the rule

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from cbpo.cost import gres_gpus
+from cbpo.cost import gres_gpus, per_node_gpus, rl_job_gpus
 
 REPO = Path(__file__).resolve().parents[1]
 # What verl 0.9.1 supports (environment.yml, ../shared/NOTES.md): version prefixes.
@@ -240,10 +240,10 @@ def rl_gpus_per_node(wf: Mapping, cfg, methods: list[str]) -> int:
     resources.rl's, and on verl with OPD its teacher's (verl.teacher_gpus) spread over the job's
     nodes. The backend is the workflow's, else the preset's."""
     per_node = wf["resources"]["rl"].get("gpu", 0)
-    if (wf.get("backend") or cfg.backend) != "verl" or "opd" not in methods:
-        return per_node
-    nodes = wf.get("verl_nodes") or cfg.verl.nodes
-    return per_node + -(-cfg.verl.teacher_gpus // nodes)
+    backend = wf.get("backend") or cfg.backend
+    nodes = (wf.get("verl_nodes") or cfg.verl.nodes) if backend == "verl" else 1
+    return max((per_node_gpus(rl_job_gpus(per_node, nodes, m, backend, cfg.verl.teacher_gpus), nodes) for m in methods),
+               default=per_node)
 
 
 def diagnose(overrides: list[str], configfile: Path, partition: str | None, account: str | None, engines: Path,

@@ -1,5 +1,7 @@
 import shutil
 
+from cbpo.cost import per_node_gpus, rl_job_gpus
+
 # The SLURM plugin reads job states with the `sacct` on this process's PATH: slurm/bin's
 # hands them over as the plugin compares them (a cancelled or preempted job seen as ended;
 # see there). Only beside a real sacct: alone, the plugin would take it for one.
@@ -27,13 +29,9 @@ def backend_args(stage):
 
 def rl_gpus(wildcards):
     """An rl job's GPUs: resources.rl's on each node; OPD on verl also holds its teacher's own
-    (verl.teacher_gpus, configs/config.yaml)."""
-    from cbpo.backends.verl.config import DISTILLED
-
-    gpus = resources("rl").get("gpu", 0) * train_nodes()
-    if BACKEND == "verl" and method_of(wildcards.trained) in DISTILLED:
-        gpus += composed().verl.teacher_gpus
-    return gpus
+    (verl.teacher_gpus, configs/config.yaml). cbpo.doctor checks the same count."""
+    return rl_job_gpus(resources("rl").get("gpu", 0), train_nodes(), method_of(wildcards.trained), BACKEND,
+                       composed().verl.teacher_gpus)
 
 
 def train_resources(stage, gpus=None):
@@ -49,7 +47,7 @@ def train_resources(stage, gpus=None):
     per_node = spec.pop("gpu", 0)
     if nodes == 1:
         return {**spec, "gpu": gpus or per_node}
-    gres = (lambda w: f"gpu:{-(-gpus(w) // nodes)}") if gpus else f"gpu:{per_node}"
+    gres = (lambda w: f"gpu:{per_node_gpus(gpus(w), nodes)}") if gpus else f"gpu:{per_node}"
     return {**spec, "nodes": nodes, "tasks": nodes, "mpi": "srun", "gres": gres}
 
 
