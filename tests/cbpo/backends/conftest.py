@@ -1,9 +1,23 @@
 """Rollout groups for the verl backend's tests, built by hand: what verl's batch carries is
-compared with what the local trainer computes from the same trajectories."""
+compared with what the local trainer computes from the same trajectories; and the process
+environment restored after every test."""
+import os
+
 import numpy as np
 import pytest
 
 from cbpo.trajectory import Trajectory
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """A launch run in-process (``run_verl`` on CPU) sets VERL_PLATFORM and the other variables
+    of cbpo/backends/verl/cpu.py for good; the next test's subprocesses would inherit them
+    (test_verl_cpu_platform's checks of verl's own platform did, when run after it)."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def rollout(rng, n_model: int, reward: float) -> Trajectory:

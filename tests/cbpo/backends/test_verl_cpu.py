@@ -32,16 +32,10 @@ def command(study, method, *overrides):
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
+def study(tmp_path_factory, prepare):
     """Smoke data, the scratch model and its SFT checkpoint (local backend), as the DAG makes them."""
     root = tmp_path_factory.mktemp("verl_cpu")
-    paths = ["preset=smoke", f"paths.data_dir={root / 'data'}", f"paths.models_dir={root / 'models'}",
-             f"paths.runs_dir={root / 'runs'}"]
-    for step in (["cbpo.prepare", "target=data"], ["cbpo.prepare", "target=model"], ["cbpo.train", "stage=sft"]):
-        done = subprocess.run([sys.executable, "-m", *step, *paths], cwd=root, env=ENV, capture_output=True, text=True,
-                              timeout=RUN_LIMIT_S)
-        assert done.returncode == 0, done.stderr[-3000:]
-    return root, paths
+    return root, prepare(root, env=ENV)
 
 
 def run_dir(study, method) -> Path:

@@ -1,8 +1,12 @@
-"""The smoke study's face in a real browser (Debian's chromium, driven by Playwright): the DAG's
-results browser (`snakemake site`) and Snakemake's report (`snakemake --report`) load with no
-console error and draw something; the trajectory viewer renders a dumped CBPO group with its
-branches. The smoke CBPO run rarely branches (its windows' priorities stay near alpha < kappa),
-so one more CBPO run with kappa = 0 is trained beside it and shown with `python -m eval.site`."""
+"""The shared smoke study (tests/conftest.py: `snakemake all` on the smoke preset and the fork
+tasks, as `make demo` runs them, and `snakemake --report` of it), computed once and read by every
+test here: the real DAG end to end (Table 1 beside the paper, every table, figure and the index,
+nothing left to do on a second run), and the study's face in a real browser (Debian's chromium,
+driven by Playwright): the results browser and Snakemake's report load with no console error and
+draw something; the trajectory viewer renders a dumped CBPO group with its branches. The study's
+CBPO run rarely branches (its windows' priorities stay near alpha < kappa), so one more CBPO run
+with kappa = 0 is trained beside it and shown with `python -m eval.site`. Under xdist the module
+runs on one worker and starts first (tests/conftest.py); its old homes: docs/test-suite.md."""
 from __future__ import annotations
 
 import csv
@@ -15,32 +19,74 @@ from pathlib import Path
 import pytest
 from matplotlib.image import imread
 
-CHROMIUM = Path("/usr/bin/chromium")
-if not CHROMIUM.is_file():
-    pytest.skip("no /usr/bin/chromium (apt-get install chromium)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the dev extra)")
-
 ROOT = Path(__file__).resolve().parents[2]
-SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
-CONFIG = ["--config", "preset=smoke", "data=forks"]
+SMOKE = ("preset=smoke", "data=forks")  # the shared study's configuration
 STUDY = "smoke/tiny/forks"
+TABLE = Path(f"results/tables/{STUDY}/table1")
+RUN = Path(f"runs/{STUDY}/seed0")
+CHROMIUM = Path("/usr/bin/chromium")
 # Where screenshots go: a folder of the caller's choosing, else the test's own.
 SCREENS = os.environ.get("CBPO_SCREENSHOTS")
 
 
-def snakemake(workdir, *args):
-    cmd = [str(SNAKEMAKE), *args, "-s", str(ROOT / "Snakefile"), "-d", str(workdir), "-c2", *CONFIG]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=1800)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
-    return out
+# ---------------------------------------------------------------------------------------------
+# The DAG's outputs
 
+def test_dag_writes_table1_beside_the_paper(smoke_study):
+    for suffix in (".md", ".csv", ".tex"):
+        assert (smoke_study / TABLE.with_suffix(suffix)).stat().st_size > 0
+    cells = list(csv.DictReader((smoke_study / TABLE.with_suffix(".csv")).open()))
+    assert {c["row"] for c in cells} == {"SFT", "GRPO", "GIGPO", "ARPO", "CBPO"}
+    for c in cells:
+        if c["column"] in ("ArithFork", "SearchFork"):
+            assert 0.0 <= float(c["reproduced"]) <= 100.0 and c["seeds"] == "0" and c["summaries"].endswith("summary.json")
+    # The toy benchmarks are not the paper's: no cell, domain averages included, sits beside a paper number.
+    (cbpo_math,) = [c for c in cells if c["row"] == "CBPO" and c["column"] == "Math Avg."]
+    assert 0.0 <= float(cbpo_math["reproduced"]) <= 100.0
+    assert all(c["paper"] == "" and c["difference"] == "" for c in cells)
+    # The smoke preset dumps CBPO's rollouts with its annotations.
+    dump = [json.loads(line) for line in (smoke_study / RUN / "cbpo" / "rollouts" / "step_000001.jsonl").open()]
+    assert {"text", "model_mask", "entropy", "advantage", "loss_mask", "reward"} <= set(dump[0])
+    assert all("candidates" in r and "chosen" in r for r in dump if r["kind"] == "parent")
+    # Every training step reports its searches (the built-in corpus has no cache to count).
+    steps = [json.loads(line) for line in (smoke_study / RUN / "cbpo" / "metrics.jsonl").open()]
+    assert all(s["search_calls"] >= 0 and s["search_cache_hits"] is None for s in steps if "reward" in s)
+    # Every step's wall time is recorded.
+    assert len(list((smoke_study / "results" / "benchmarks").rglob("*.tsv"))) >= 10
+    # The caption names what made the table.
+    assert "smoke preset, tiny, forks data" in (smoke_study / TABLE.with_suffix(".md")).read_text()
+
+
+def test_all_writes_every_table_figure_and_the_index(smoke_study):
+    tables = smoke_study / "results" / "tables" / STUDY
+    for name in ("table1", "table2", "table3", "boundary"):
+        assert all((tables / f"{name}{suffix}").stat().st_size > 0 for suffix in (".md", ".csv", ".tex"))
+    figures = smoke_study / "results" / "figures" / STUDY
+    for name in ("fig2", "fig4", "fig5", "curves", "credit_lab"):
+        assert (figures / f"{name}.png").read_bytes()[:4] == b"\x89PNG" and (figures / f"{name}.pdf").read_bytes()[:4] == b"%PDF"
+    index = json.loads((smoke_study / "results" / "index.json").read_text())
+    assert "w/o CBV" in json.dumps(index) and "cbpo-wo-cbv" in json.dumps(index)
+    # Every training and evaluation folder says what made it.
+    for folder in (smoke_study / RUN / "cbpo", smoke_study / "results" / "raw" / STUDY / "seed0" / "cbpo" / "arith_fork"):
+        provenance = json.loads((folder / "provenance.json").read_text())
+        assert provenance["config"]["preset_name"] == "smoke" and provenance["versions"]["torch"]
+
+
+def test_second_run_does_nothing(smoke_study, dag):
+    out = dag(smoke_study, "-n", "all", config=SMOKE, check=False)
+    assert out.returncode == 0
+    assert "Nothing to be done" in out.stdout + out.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# The study in a browser
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    work = tmp_path_factory.mktemp("study")
-    snakemake(work, "site")
-    snakemake(work, "site", "--report", str(work / "report.html"))
+def study(smoke_study):
+    """The shared smoke study (its results browser and report.html), and beside it one more
+    CBPO run with kappa = 0 shown with `python -m eval.site` in branching/."""
+    work = smoke_study
     runs = work / "runs" / STUDY / "seed0"
     train = [sys.executable, "-m", "cbpo.train", "stage=rl", "method=cbpo", "preset=smoke", "data=forks", "method.kappa=0",
              "variant=cbpo-kappa0", "rl.dump_rollouts=true"]
@@ -56,6 +102,10 @@ def study(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
+    """Debian's chromium under Playwright; the browser tests skip, saying why, without either."""
+    if not CHROMIUM.is_file():
+        pytest.skip("no /usr/bin/chromium (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the dev extra)")
     with sync_api.sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"])
         yield chromium
