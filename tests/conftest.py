@@ -102,9 +102,11 @@ def prepare():
 ENGINES = ("vllm", "verl", "ray")
 # `make test` runs the main tier with `-n 2 --dist loadfile --no-loadscope-reorder`: each module on
 # one worker (a module-scoped fixture is computed once), handed out in collection order. These
-# modules, the longest (docs/test-suite.md), go first so the other worker fills in around them.
+# modules, the longest (docs/test-suite.md), go first so the other worker fills in around them;
+# test_workflow.py (its planned DAGs, about 10 min) taken last once left the other worker idle for
+# its last minutes (docs/test-suite.md).
 # (Not xdist_group marks: pytest-xdist 3.8 cannot rename a pytest 9.2 test, and ignores them.)
-FIRST = ("tests/workflow/test_slurm_cluster.py", "tests/workflow/test_smoke_study.py")
+FIRST = ("tests/workflow/test_slurm_cluster.py", "tests/workflow/test_smoke_study.py", "tests/test_workflow.py")
 
 
 def pytest_collection_modifyitems(config, items):
