@@ -111,9 +111,10 @@ def policy_objective(
     "gspo" etc. serve the baselines), the clip range, the KL term and the aggregation.
 
     For a micro-batch of a larger batch, ``batch_num_tokens`` (loss tokens), ``global_batch_size``
-    (sequences with a loss token) and ``loss_scale_factor`` (the batch's padded response length)
-    describe the whole batch, as verl's ``agg_loss`` takes them: the micro-batches' losses then
-    add up to the whole batch's for every ``loss_agg_mode``. Left as None, the tensors are the batch.
+    (rollouts, those without a loss token included) and ``loss_scale_factor`` (the response
+    budget) describe the whole batch, as verl's ``agg_loss`` takes them (``trainer.loss_normalisers``):
+    the micro-batches' losses then add up to the whole batch's for every ``loss_agg_mode``. Left
+    as None, the tensors are the batch (verl's defaults: rows with a loss token, padded width).
     """
     from verl.trainer.ppo import core_algos
 

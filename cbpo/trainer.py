@@ -332,6 +332,16 @@ def rollout_tensors(trajs: Sequence[Trajectory], credits, pad_id: int, device: t
 _LOSS_SHARES = ("loss", "pg_loss", "kl")
 
 
+def loss_normalisers(credits, rows: Sequence[int], response_budget: int) -> dict[str, int]:
+    """verl's ``agg_loss`` arguments for the mini-batch ``rows``, as verl's actor takes them: its
+    loss tokens; its rollouts, all of them (Eq. 23's 1/M over the group's M rollouts: a CBPO
+    branch with no tokens of its own, a rollout with no model token, counts, as in verl's
+    ``ppo_mini_batch_size x rollout.n``); and seq-mean-token-sum-norm's constant, the response
+    budget (verl's ``actor.loss_scale_factor``, which the verl backend sets to the same)."""
+    return {"batch_num_tokens": int(sum(np.count_nonzero(credits[i][1]) for i in rows)),
+            "global_batch_size": len(rows), "loss_scale_factor": int(response_budget)}
+
+
 def policy_update(model, ref_model, opt, trajs, credits, cfg: RLConfig, objective: ObjectiveConfig, pad_id: int,
                   dtype: torch.dtype = torch.float32) -> dict[str, float]:
     """Eq. 23 over all rollouts of the step: ``cfg.ppo_mini_batches`` optimiser steps, each on a
@@ -345,7 +355,11 @@ def policy_update(model, ref_model, opt, trajs, credits, cfg: RLConfig, objectiv
     if not valid:
         return {"loss": 0.0, "skipped": 1.0}
     n_mini = min(cfg.ppo_mini_batches, len(valid))
-    minis = [valid[j::n_mini] for j in range(n_mini)]
+    # rollouts without a loss token run no forward pass but count in their mini-batch's 1/M;
+    # valid rows first, so every mini-batch has one to train
+    idle = [i for i in range(len(trajs)) if not np.any(credits[i][1])]
+    rows = [(valid + idle)[j::n_mini] for j in range(n_mini)]
+    minis = [mini[: len(valid[j::n_mini])] for j, mini in enumerate(rows)]
     plans = [[mini[s : s + cfg.micro_batch_size] for s in range(0, len(mini), cfg.micro_batch_size)] for mini in minis]
     temp = cfg.temperature if cfg.temperature > 0 else 1.0  # greedy rollouts: score the plain policy
 
@@ -365,11 +379,7 @@ def policy_update(model, ref_model, opt, trajs, credits, cfg: RLConfig, objectiv
             old = [[logprobs(model, tensors(idx)) for idx in plan] for plan in plans]
     totals: dict[str, float] = {}
     for m, (mini, plan) in enumerate(zip(minis, plans)):
-        batch_info = {
-            "batch_num_tokens": int(sum(np.count_nonzero(credits[i][1]) for i in mini)),
-            "global_batch_size": len(mini),
-            "loss_scale_factor": max(len(trajs[i].response_ids) for i in mini),
-        }
+        batch_info = loss_normalisers(credits, rows[m], cfg.agent.max_total_tokens)
         opt.zero_grad(set_to_none=True)
         for u, idx in enumerate(plan):
             batch = tensors(idx)

@@ -88,6 +88,9 @@ def overrides(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files
                 "ppo_epochs": 1,
                 **clip_ratios(objective), "clip_ratio_c": DUAL_CLIP_OFF,  # as the local loss
                 "loss_agg_mode": objective.loss_agg_mode,
+                # seq-mean-token-sum-norm's constant: the response budget, as the local trainer's
+                # (trainer.loss_normalisers); verl's default is each micro-batch's padded width
+                "loss_scale_factor": agent.max_total_tokens,
                 "policy_loss": {"loss_mode": objective.policy_loss},
                 "use_kl_loss": objective.beta > 0, "kl_loss_coef": objective.beta, "kl_loss_type": objective.kl_estimator,
                 "grad_clip": rl.max_grad_norm,

@@ -42,17 +42,22 @@ def rollout_fields(t: Trajectory, index: int, hinted_prompt: Sequence[int] = (),
 
 def groups_of(data, ref_kl: bool = False) -> tuple[list[list[Trajectory]], list[list[int]]]:
     """The batch's rollouts as the method's groups (one per uid, in group order), and for each
-    group the batch rows its rollouts came from. Rewards are the outcome rewards, the
+    group the batch rows its rollouts came from. Each rollout is rebuilt from the batch's own
+    response tokens, observations included, up to its length (the response part of verl's
+    ``attention_mask``; verl pads on the right): the credit sees the tokens and lengths the local
+    trainer's does (GiGPO's anchor observations, DAPO's |y|). Rewards are the outcome rewards, the
     token-level scores' sums (before a KL penalty verl may put in ``token_level_rewards``).
     With ``ref_kl`` each rollout's ``ref_kl`` is log pi_old - log pi_ref (k1) from the batch's
     ``old_log_probs`` and ``ref_log_prob``, on its model tokens, as the local trainer's."""
     nt = data.non_tensor_batch
     mask = data.batch["response_mask"].bool().cpu().numpy()
+    responses = data.batch["responses"].cpu().numpy()
+    lengths = data.batch["attention_mask"][:, -responses.shape[1]:].sum(-1).tolist()
     rewards = data.batch["token_level_scores"].sum(-1).tolist()
     kl = (data.batch["old_log_probs"] - data.batch["ref_log_prob"]).float().cpu().numpy() * mask if ref_kl else None
     rows = group_rows(nt)
-    return [[_trajectory(mask[r], rewards[r], nt, r, None if kl is None else kl[r]) for r in members]
-            for members in rows], rows
+    return [[_trajectory(responses[r][: lengths[r]], mask[r], rewards[r], nt, r, None if kl is None else kl[r])
+             for r in members] for members in rows], rows
 
 
 def group_rows(nt) -> list[list[int]]:
@@ -84,12 +89,11 @@ def off_context(data, method, behaviour: torch.Tensor) -> None:
     method.off_context(logprobs, [{k for k, r in enumerate(members) if nt["cbpo_leaked"][r]} for members in rows])
 
 
-def _trajectory(mask: np.ndarray, reward: float, nt, row: int, kl: np.ndarray | None = None) -> Trajectory:
-    # verl pads responses on the right; the model mask of the padding is 0 and stays out of credit
-    length = int(np.flatnonzero(mask)[-1]) + 1 if mask.any() else 0
+def _trajectory(ids: np.ndarray, mask: np.ndarray, reward: float, nt, row: int, kl: np.ndarray | None = None) -> Trajectory:
+    length = len(ids)
     parent, at = int(nt["cbpo_parent"][row]), int(nt["cbpo_at"][row])
     return Trajectory(
-        prompt_ids=[], response_ids=[0] * length, model_mask=mask[:length].tolist(),
+        prompt_ids=[], response_ids=ids.tolist(), model_mask=mask[:length].tolist(),
         entropies=list(nt["cbpo_entropies"][row])[:length], ref_kl=[] if kl is None else kl[:length].tolist(),
         kind=str(nt["cbpo_kind"][row]),
         parent=None if parent < 0 else parent, at=None if at < 0 else at, reward=float(reward),

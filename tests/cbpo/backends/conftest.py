@@ -5,7 +5,9 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
+from cbpo.backends.verl import credit
 from cbpo.trajectory import Trajectory
 
 
@@ -59,3 +61,42 @@ def cbpo_groups() -> list[list[Trajectory]]:
             t.kind = "fill"
         groups.append(parents + branches + fill)
     return groups
+
+
+@pytest.fixture()
+def verl_batch():
+    """``make(groups, width=None, order=None, fields=None)``: the rollouts as verl's trainer holds
+    them when it computes advantages: prompts padded on the left and responses (observations
+    included) on the right to verl's fixed widths (``width``: the longest response + 3),
+    ``attention_mask`` over both, the model-token ``response_mask``, the reward on the last
+    response token, rows in ``order`` (verl's batch balancing reorders them; default: reversed),
+    and in non_tensor_batch the uid and the agent loop's credit fields, plus ``fields(g, k, t)``'s."""
+    verl = pytest.importorskip("verl")
+
+    def make(groups, width=None, order=None, fields=None):
+        flat = [(g, k, t) for g, group in enumerate(groups) for k, t in enumerate(group)]
+        flat = [flat[i] for i in (range(len(flat))[::-1] if order is None else order)]
+        width = width or max(len(t.response_ids) for _, _, t in flat) + 3
+        prompt_width = max(len(t.prompt_ids) for _, _, t in flat)
+        shape = (len(flat), width)
+        responses, mask = torch.zeros(shape, dtype=torch.int64), torch.zeros(shape, dtype=torch.int64)
+        attention, rewards = torch.zeros((len(flat), prompt_width + width), dtype=torch.int64), torch.zeros(shape)
+        for row, (_, _, t) in enumerate(flat):
+            n = len(t.response_ids)
+            responses[row, :n] = torch.tensor(t.response_ids, dtype=torch.int64)
+            mask[row, :n] = torch.tensor(t.model_mask, dtype=torch.int64)
+            attention[row, prompt_width - len(t.prompt_ids): prompt_width + n] = 1
+            rewards[row, n - 1] = t.reward
+        extra = [{**credit.rollout_fields(t, k), **(fields(g, k, t) if fields else {})} for g, k, t in flat]
+
+        def column(name):
+            out = np.empty(len(flat), dtype=object)
+            out[:] = [f[name] for f in extra]
+            return out
+
+        non_tensor = {"uid": np.array([f"problem-{g}" for g, _, _ in flat], dtype=object), **{n: column(n) for n in extra[0]}}
+        return verl.DataProto.from_dict(
+            tensors={"responses": responses, "response_mask": mask, "attention_mask": attention, "token_level_scores": rewards},
+            non_tensors=non_tensor)
+
+    return make

@@ -12,27 +12,11 @@ from cbpo.backends.verl import credit
 from cbpo.registry import get_method
 from cbpo.trainer import rollout_tensors
 
-DataProto = pytest.importorskip("verl").DataProto
-
-
-def verl_batch(groups, width: int, order) -> DataProto:
-    """The rollouts as verl's trainer holds them after rewards: right-padded responses of
-    verl's fixed width, reward on the last response token, rows in ``order``."""
-    flat = [(g, k, t) for g, group in enumerate(groups) for k, t in enumerate(group)]
-    flat = [flat[i] for i in order]
-    mask = torch.zeros((len(flat), width), dtype=torch.int64)
-    rewards = torch.zeros((len(flat), width))
-    for row, (_, _, t) in enumerate(flat):
-        mask[row, : len(t.model_mask)] = torch.tensor(t.model_mask, dtype=torch.int64)
-        rewards[row, len(t.response_ids) - 1] = t.reward
-    fields = [credit.rollout_fields(t, k) for _, k, t in flat]
-    non_tensor = {"uid": np.array([f"problem-{g}" for g, _, _ in flat], dtype=object),
-                  **{f: np.array([x[f] for x in fields] + [None], dtype=object)[:-1] for f in credit.FIELDS}}
-    return DataProto.from_dict(tensors={"response_mask": mask, "token_level_scores": rewards}, non_tensors=non_tensor)
+pytest.importorskip("verl")
 
 
 @pytest.mark.parametrize("method", ["cbpo", "grpo", "eapo", "branpo"])
-def test_verl_path_advantages_and_loss_masks_equal_the_local_trainers(method, cbpo_groups):
+def test_verl_path_advantages_and_loss_masks_equal_the_local_trainers(verl_batch, method, cbpo_groups):
     groups = cbpo_groups
     flat = [t for g in groups for t in g]
     local = rollout_tensors(flat, [c for g in get_method(method)(vocab_size=64).credit(groups) for c in g], pad_id=0)
@@ -117,7 +101,7 @@ def test_verls_distillation_advantage_is_opds_per_token_credit(monkeypatch):
     assert seen["advantages"][0, 0] < -20
 
 
-def test_the_credit_step_on_an_opd_batch_leaves_the_advantage_to_verl(monkeypatch):
+def test_the_credit_step_on_an_opd_batch_leaves_the_advantage_to_verl(verl_batch, monkeypatch):
     # no teacher in this process: OPD's own credit (setup never ran) must not be called
     opd = get_method("opd")
     monkeypatch.setattr(opd, "credit", lambda self, groups: pytest.fail("OPD.credit needs an in-process teacher"))
@@ -130,7 +114,7 @@ def test_the_credit_step_on_an_opd_batch_leaves_the_advantage_to_verl(monkeypatc
     assert torch.equal(batch.batch["returns"], batch.batch["advantages"])
 
 
-def test_branpos_truncated_rollouts_are_masked_on_the_verl_path_too(cbpo_groups):
+def test_branpos_truncated_rollouts_are_masked_on_the_verl_path_too(verl_batch, cbpo_groups):
     # Issue 24.6: BranPO masks a truncated rollout; the verl batch carries how each one ended.
     groups = [[t for t in g if t.kind != "branch"] for g in cbpo_groups]
     groups[0][1].finish = "length"
@@ -144,7 +128,7 @@ def test_branpos_truncated_rollouts_are_masked_on_the_verl_path_too(cbpo_groups)
     assert not local["loss_mask"][1].any() and local["loss_mask"][0].any()
 
 
-def test_reinforce_pps_credit_on_verl_reads_the_k1_kl_from_old_and_reference_log_probs(cbpo_groups):
+def test_reinforce_pps_credit_on_verl_reads_the_k1_kl_from_old_and_reference_log_probs(verl_batch, cbpo_groups):
     # The verl batch's old_log_probs and ref_log_prob give each rollout's ref_kl, as the local
     # trainer's fill_ref_kl: the same batch and KL give the same advantages on both paths, and the
     # reward is the outcome (token_level_scores), not verl's KL-penalised token_level_rewards.

@@ -44,34 +44,21 @@ def cbpo():
     return get_method("cbpo")(vocab_size=64)
 
 
-def verl_batch(groups, counts=None) -> DataProto:
-    """The rollouts as verl's trainer holds them when it computes advantages: right-padded,
-    reward on the last response token, rows in another order than the groups (verl balances
-    batches), and the agent loop's extra fields in non_tensor_batch. ``counts``: each group's
-    search counts and draws, on its rollout 0 as the agent loop puts them (none: no search
-    tool, no draws)."""
-    flat = [(g, k, t) for g, group in enumerate(groups) for k, t in enumerate(group)][::-1]
-    width = max(len(t.response_ids) for _, _, t in flat) + 3
-    mask = torch.zeros((len(flat), width), dtype=torch.int64)
-    rewards = torch.zeros((len(flat), width))
-    for row, (_, _, t) in enumerate(flat):
-        mask[row, : len(t.model_mask)] = torch.tensor(t.model_mask, dtype=torch.int64)
-        rewards[row, len(t.response_ids) - 1] = t.reward
-    def of(g, k):
-        if counts is None:
-            return {}
-        return counts[g] if k == 0 else {key: None if n is None else 0 for key, n in counts[g].items()}
+@pytest.fixture()
+def verl_batch(verl_batch):
+    """``make(groups, counts=None)``: the batch of the backends' conftest with the agent loop's
+    statistics fields; ``counts``: each group's search counts and draws, on its rollout 0 as the
+    agent loop puts them (none: no search tool, no draws)."""
+    def make(groups, counts=None):
+        def of(g, k):
+            if counts is None:
+                return {}
+            return counts[g] if k == 0 else {key: None if n is None else 0 for key, n in counts[g].items()}
 
-    fields = [{**credit.rollout_fields(t, k), **rollout_stats(t, {"domain": "math"}), **search_fields(of(g, k)),
-               **draw_fields(of(g, k))} for g, k, t in flat]
+        return verl_batch(groups, fields=lambda g, k, t: {**rollout_stats(t, {"domain": "math"}), **search_fields(of(g, k)),
+                                                          **draw_fields(of(g, k))})
 
-    def column(name):
-        out = np.empty(len(flat), dtype=object)
-        out[:] = [f[name] for f in fields]
-        return out
-
-    non_tensor = {"uid": np.array([f"problem-{g}" for g, _, _ in flat], dtype=object), **{n: column(n) for n in fields[0]}}
-    return DataProto.from_dict(tensors={"response_mask": mask, "token_level_scores": rewards}, non_tensors=non_tensor)
+    return make
 
 
 @pytest.fixture()
@@ -107,7 +94,7 @@ def suite_trainer(tmp_path, monkeypatch, tokenizer, tiny_causal_lm):
     return make
 
 
-def test_the_advantage_step_is_the_suites_credit_and_verls_estimator_never_runs(suite_trainer, monkeypatch, cbpo_groups):
+def test_the_advantage_step_is_the_suites_credit_and_verls_estimator_never_runs(suite_trainer, verl_batch, monkeypatch, cbpo_groups):
     groups = cbpo_groups
     expected = verl_batch(groups)
     credit.assign(expected, cbpo())
@@ -140,7 +127,7 @@ def local_record(tmp_path, tokenizer, tiny_causal_lm, method="grpo", **knobs) ->
     return json.loads(line)
 
 
-def test_the_metrics_line_has_the_local_trainers_keys(suite_trainer, tmp_path, tokenizer, tiny_causal_lm, cbpo_groups):
+def test_the_metrics_line_has_the_local_trainers_keys(suite_trainer, verl_batch, tmp_path, tokenizer, tiny_causal_lm, cbpo_groups):
     local = local_record(tmp_path, tokenizer, tiny_causal_lm)
     groups = cbpo_groups
     suite_trainer(cbpo(), verl_batch(groups)).fit()
@@ -160,7 +147,7 @@ def test_the_metrics_line_has_the_local_trainers_keys(suite_trainer, tmp_path, t
     assert not set(DRAW_STATS) & set(line)  # CBPO draws no replacement problems
 
 
-def test_the_metrics_line_sums_a_steps_draws_under_the_local_trainers_keys(suite_trainer, tmp_path, tokenizer,
+def test_the_metrics_line_sums_a_steps_draws_under_the_local_trainers_keys(suite_trainer, verl_batch, tmp_path, tokenizer,
                                                                             tiny_causal_lm, cbpo_groups):
     local = local_record(tmp_path, tokenizer, tiny_causal_lm, "dapo", max_num_gen_batches=2)
     draws = [{"kept_groups": 1, "extra_rollouts": 8, "extra_generated_tokens": 40, "extra_tool_calls": 3},
@@ -176,7 +163,7 @@ def test_the_metrics_line_sums_a_steps_draws_under_the_local_trainers_keys(suite
 
 
 @pytest.mark.parametrize("cached", [True, False])
-def test_the_metrics_line_counts_the_steps_searches(suite_trainer, tmp_path, cbpo_groups, cached):
+def test_the_metrics_line_counts_the_steps_searches(suite_trainer, verl_batch, tmp_path, cbpo_groups, cached):
     def counts(calls, hits):
         return {"search_calls": calls, "search_cache_hits": hits if cached else None,
                 "search_cache_misses": calls - hits if cached else None}
@@ -187,7 +174,7 @@ def test_the_metrics_line_counts_the_steps_searches(suite_trainer, tmp_path, cbp
     assert (line["search_calls"], line["search_cache_hits"], line["search_cache_misses"]) == expected
 
 
-def test_the_run_ends_in_final_with_done_json(suite_trainer, tmp_path, cbpo_groups):
+def test_the_run_ends_in_final_with_done_json(suite_trainer, verl_batch, tmp_path, cbpo_groups):
     from transformers import AutoModelForCausalLM
 
     suite_trainer(cbpo(), verl_batch(cbpo_groups)).fit()
@@ -198,7 +185,7 @@ def test_the_run_ends_in_final_with_done_json(suite_trainer, tmp_path, cbpo_grou
     assert all(torch.equal(ours[k], v) for k, v in verls.state_dict().items())
 
 
-def test_a_checkpoint_verl_asks_for_is_taken_after_its_steps_metrics_line(suite_trainer, tmp_path, monkeypatch,
+def test_a_checkpoint_verl_asks_for_is_taken_after_its_steps_metrics_line(suite_trainer, verl_batch, tmp_path, monkeypatch,
                                                                             cbpo_groups):
     # verl 0.9.1 saves a step's checkpoint before it logs the step: killed in between, a run would
     # resume past a step whose metrics line was never written
