@@ -7,7 +7,9 @@ GPU; until then the table says it is assumed.
 """
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Mapping
@@ -33,6 +35,20 @@ def rl_job_gpus(per_node: int, nodes: int, method: str, backend: str, teacher_gp
     from cbpo.backends.verl.config import DISTILLED
 
     return per_node * nodes + (teacher_gpus if backend == "verl" and method in DISTILLED else 0)
+
+
+def visible_gpus() -> int:
+    """The GPUs this machine shows a job: those ``CUDA_VISIBLE_DEVICES`` lists where it is set,
+    else ``nvidia-smi -L``'s; 0 without either (a CPU machine). No torch import: the Snakefile
+    calls it while it parses."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() not in ("", "-1")])
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.stdout.splitlines()) if out.returncode == 0 else 0
 
 
 def per_node_gpus(gpus: int, nodes: int) -> int:

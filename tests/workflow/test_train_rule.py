@@ -73,3 +73,48 @@ def test_sft_on_two_nodes_is_one_allocation_whose_shell_runs_on_the_first(tmp_pa
     words = shlex.split(shell)
     assert {"stage=sft", "backend=verl", "verl.nodes=2", "verl.gpus_per_node=8"} <= set(words), words
     assert str(ROOT / "slurm" / "ray-on-slurm.sh") not in words and words[0] != "srun", words
+
+
+def plan(tmp_path, *config, profile=False, env=None) -> str:
+    """``snakemake -n -p table1`` on the smoke preset and the verl backend (here, or under the SLURM
+    profile): the plan's text."""
+    where = ["--profile", "slurm"] if profile else ["-c2"]
+    cmd = [str(SNAKEMAKE), "table1", "-n", "-p", *where, "-d", str(tmp_path / "work"),
+           "--config", "preset=smoke", "backend=verl", "preflight=false", *config]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    return out.stdout + out.stderr
+
+
+def training_jobs(text: str) -> dict[str, tuple[set[str], int]]:
+    """Each training job's trainer arguments and threads (Snakemake prints them above 1), by
+    "sft" or its method= argument."""
+    jobs = {}
+    for block in text.split("\nrule ")[1:]:
+        if not block.startswith(("sft:", "rl:")):
+            continue
+        lines = block.splitlines()
+        words = shlex.split(next(line for line in lines if "-m cbpo.train" in line).split(" > ", 1)[0])
+        threads = [int(line.split(":")[1]) for line in lines if line.strip().startswith("threads:")]
+        jobs["sft" if "stage=sft" in words else next(w for w in words if w.startswith("method="))] = (set(words), (threads or [1])[0])
+    return jobs
+
+
+def test_a_local_verl_study_trains_on_this_machines_shape_and_one_job_at_a_time(tmp_path):
+    # Issue 39.4: a machine without GPUs trains each job as one process (verl's CPU platform), not
+    # the SLURM profile's 8 GPUs, and each job holds every core Snakemake has (its own Ray cluster)
+    jobs = training_jobs(plan(tmp_path, env={"CUDA_VISIBLE_DEVICES": ""}))
+    assert {"sft", "method=cbpo", "method=grpo"} <= set(jobs), jobs
+    for words, threads in jobs.values():
+        assert {"backend=verl", "verl.nodes=1", "verl.gpus_per_node=1"} <= words and threads == 2, (words, threads)
+    # a machine with GPUs: its own; the user's setting wins over both
+    jobs = training_jobs(plan(tmp_path, env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"}))
+    assert all("verl.gpus_per_node=4" in words for words, _ in jobs.values()), jobs
+    jobs = training_jobs(plan(tmp_path, "verl_gpus_per_node=2", env={"CUDA_VISIBLE_DEVICES": ""}))
+    assert all("verl.gpus_per_node=2" in words for words, _ in jobs.values()), jobs
+
+
+def test_under_the_slurm_profile_the_plan_keeps_the_profiles_gpus(tmp_path):
+    jobs = training_jobs(plan(tmp_path, profile=True, env={"CUDA_VISIBLE_DEVICES": ""}))
+    assert jobs and all("verl.gpus_per_node=8" in words for words, _ in jobs.values()), jobs

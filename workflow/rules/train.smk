@@ -1,6 +1,6 @@
 import shutil
 
-from cbpo.cost import per_node_gpus, rl_job_gpus
+from cbpo.cost import per_node_gpus, rl_job_gpus, visible_gpus
 
 # The SLURM plugin reads job states with the `sacct` on this process's PATH: slurm/bin's
 # hands them over as the plugin compares them (a cancelled or preempted job seen as ended;
@@ -17,14 +17,45 @@ def train_nodes():
     return config["verl_nodes"] or composed().verl.nodes
 
 
+def verl_gpus_per_node(stage):
+    """The GPUs per node a verl training job trains on: `verl_gpus_per_node` where set; under a
+    cluster profile those its SLURM resources ask for (resources.<stage>.gpu); run here (the
+    local executor), this machine's, and one process on a machine without GPUs (verl's CPU
+    platform, cbpo/backends/verl/cpu.py)."""
+    if config["verl_gpus_per_node"]:
+        return config["verl_gpus_per_node"]
+    if on_cluster():
+        return resources(stage)["gpu"]
+    return max(1, visible_gpus())
+
+
 def backend_args(stage):
     """The backend settings of a training job: nothing for the local default, else the backend
-    and (verl) the job's nodes and GPUs per node, those its SLURM resources ask for."""
+    and (verl) the job's nodes and GPUs per node."""
     if BACKEND == PRESET_BACKEND == "local":
         return []
     if BACKEND != "verl":
         return [f"backend={BACKEND}"]
-    return [f"backend={BACKEND}", f"verl.nodes={train_nodes()}", f"verl.gpus_per_node={resources(stage)['gpu']}"]
+    return [f"backend={BACKEND}", f"verl.nodes={train_nodes()}", f"verl.gpus_per_node={verl_gpus_per_node(stage)}"]
+
+
+def on_cluster():
+    """Whether the jobs go to a cluster: a non-local executor (SLURM's, and its job steps'), or a
+    dry run of the SLURM profile (its default resources name the slurm_partition), which then
+    plans what the run will do. Known once jobs are made, not while the Snakefile is parsed:
+    call it from a rule's functions."""
+    if workflow.non_local_exec:
+        return True
+    defaults = workflow.resource_settings.default_resources
+    return bool(defaults and any(arg.startswith("slurm_") for arg in defaults.args))
+
+
+def train_threads(default):
+    """A training job's cores (a function for the rule's ``threads``). Run here on verl, a job
+    starts its own Ray cluster (workers, vLLM servers, reward workers) or torchrun world and holds
+    every core Snakemake has, so none runs beside it: two at once overran a 24 GiB machine (Ray's
+    memory monitor killed workers of both)."""
+    return lambda wildcards: workflow.cores if BACKEND == "verl" and not on_cluster() else default
 
 
 def rl_gpus(wildcards):
@@ -60,10 +91,10 @@ rule sft:
     output: f"runs/{KEY}/sft/final/DONE.json"
     log: f"logs/{KEY}/sft.log"
     benchmark: f"results/benchmarks/{KEY}/sft.tsv"
-    threads: 2  # runs alone in the CPU demo
+    threads: train_threads(2)  # runs alone in the CPU demo
     resources: **train_resources("sft")
     # on verl: torchrun over the job's GPUs, one per node (cbpo/backends/verl/sft.py)
-    params: data_root=DATA_ROOT, backend=backend_args("sft")
+    params: data_root=DATA_ROOT, backend=lambda w: backend_args("sft")
     shell: command("cbpo.train stage=sft {params.backend:q}", JOB)
 
 rule teacher:  # OPD's teacher where the preset names none: the SFT recipe run longer
@@ -71,13 +102,13 @@ rule teacher:  # OPD's teacher where the preset names none: the SFT recipe run l
     output: f"runs/{KEY}/teacher/final/DONE.json"
     log: f"logs/{KEY}/teacher.log"
     benchmark: f"results/benchmarks/{KEY}/teacher.tsv"
-    threads: 2
+    threads: train_threads(2)
     resources: **train_resources("sft")
     params:
         data_root=DATA_ROOT,
         init=lambda w: f"init=runs/{KEY.format(**w)}/teacher/final",
         steps=lambda w: f"sft.steps={preset_sft_steps() * config['teacher_sft_factor']}",
-        backend=backend_args("sft"),
+        backend=lambda w: backend_args("sft"),
     shell: command("cbpo.train stage=sft {params.init:q} {params.steps:q} {params.backend:q}", JOB)
 
 
@@ -92,13 +123,13 @@ rule rl:
     output: f"runs/{KEY}/{{trained}}/final/DONE.json"
     log: f"logs/{KEY}/{{trained}}.log"
     benchmark: f"results/benchmarks/{KEY}/rl_{{trained}}.tsv"
-    threads: 1
+    threads: train_threads(1)
     resources: **train_resources("rl", rl_gpus)
     # H's GPU backends: backend=verl reaches the job; the default (local) adds nothing.
     # A variant names its run folder (variant=) and carries its overrides.
     params:
         data_root=DATA_ROOT,
-        backend=backend_args("rl"),
+        backend=lambda w: backend_args("rl"),
         # verl trains on a Ray cluster: started across the job's allocation under SLURM
         launch=[] if BACKEND == "local" else [f"{ROOT}/slurm/ray-on-slurm.sh"],
         method=lambda w: method_of(w.trained),

@@ -18,7 +18,6 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from cbpo.objective import DUAL_CLIP_OFF, clip_ratios
-from cbpo.rollout.vllm_engine import max_logprobs
 
 
 @dataclass
@@ -66,6 +65,7 @@ def verl_yaml() -> Path:
 
 def overrides(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files: str, out: Path) -> dict:
     """The suite's settings as verl keys (a nested dict merged onto verl's defaults)."""
+    from cbpo.rollout.vllm_engine import max_logprobs  # torch and transformers: not for the Snakefile's parse
     objective = method_cfg.objective()
     budget = getattr(method_cfg, "budget", cfg.rollout.budget)
     agent = rl.agent
@@ -134,6 +134,12 @@ def overrides(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files
     }
 
 
+def shape(verl_cfg: VerlConfig) -> str:
+    """A job's nodes and GPUs per node, and the settings that change them (for an error message)."""
+    return (f"verl.nodes={verl_cfg.nodes} x verl.gpus_per_node={verl_cfg.gpus_per_node}; in the DAG set them with "
+            "--config verl_nodes=N verl_gpus_per_node=G, which under a cluster profile follow resources.<stage>.gpu")
+
+
 def estimator(name: str, method_cfg) -> str:
     if name == "reinforce_pp" and method_cfg.baseline:
         return "reinforce_plus_plus_baseline"
@@ -199,7 +205,10 @@ def build(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files: st
     # vLLM's own engine arguments: a free-form dict in verl, passed on to `vllm serve` as they are
     OmegaConf.set_struct(base.actor_rollout_ref.rollout.engine_kwargs.vllm, False)
     merged = OmegaConf.merge(base, overrides(cfg, method_cfg, rl, verl_cfg, train_files, out))
-    validate_config(merged, use_reference_policy=need_reference_policy(merged), use_critic=need_critic(merged))
+    try:
+        validate_config(merged, use_reference_policy=need_reference_policy(merged), use_critic=need_critic(merged))
+    except (AssertionError, ValueError) as e:
+        raise ValueError(f"verl refuses this run's config: {e} (the job's shape: {shape(verl_cfg)})") from e
     if merged.distillation.enabled:
         omega_conf_to_dataclass(merged.distillation)
     return merged

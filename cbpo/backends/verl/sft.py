@@ -28,6 +28,8 @@ from unittest.mock import patch
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from cbpo.backends.verl import config as verl_config
+
 SFT_CONFIG = "sft.yaml"  # verl's SFT config for the run, composed by the launch
 SUITE_CONFIG = "suite.yaml"
 TRAIN_FILE = "sft.parquet"
@@ -63,7 +65,7 @@ def overrides(cfg: DictConfig, sft, verl_cfg, init: Path, out: Path, on_cpu: boo
     world = verl_cfg.nodes * verl_cfg.gpus_per_node
     if sft.batch_size % world:
         raise ValueError(f"sft.batch_size={sft.batch_size} does not split over {world} GPUs "
-                         f"(verl.nodes={verl_cfg.nodes} x verl.gpus_per_node={verl_cfg.gpus_per_node})")
+                         f"({verl_config.shape(verl_cfg)}); or change sft.batch_size")
     micro = math.gcd(verl_cfg.micro_batch_per_gpu, sft.batch_size // world)
     platform = {"model.use_remove_padding": "true", "engine.dtype": "bfloat16", "trainer.device": "cuda"}
     if on_cpu:

@@ -132,8 +132,10 @@ def test_the_suite_task_runner_gives_the_teacher_its_resource_pool(tmp_path, mon
 
 def test_a_cluster_verl_rejects_is_refused(tmp_path):
     # 32 prompts x 16 slots = 512 sequences do not split over 3 x 8 = 24 GPUs
-    with pytest.raises(Exception, match="divisible"):
+    with pytest.raises(ValueError, match="divisible") as refused:
         generated(tmp_path, "method=grpo", "verl.nodes=3")
+    assert "verl.nodes=3 x verl.gpus_per_node=8" in str(refused.value)
+    assert "--config verl_nodes=N verl_gpus_per_node=G" in str(refused.value)  # what fixes it in the DAG
 
 
 def test_a_key_verl_does_not_have_is_an_error(tmp_path, monkeypatch):

@@ -149,3 +149,20 @@ def test_every_other_method_trains_on_verl(study, method):
     if method == "reinforce_pp":  # its k1 KL in the reward: verl computed the reference log-probs
         assert all(m["reward_kl_penalty_coeff"] == 0.001 for m in lines)
     print(f"{method} on verl: {time.monotonic() - start:.0f} s,", [(m["step"], m["rollouts"]) for m in lines])
+
+
+@pytest.mark.slow
+@SLOW
+def test_table1_trains_on_verl_through_the_dag_on_a_machine_without_gpus(tmp_path, dag):
+    # Issue 39.4: the study as a user types it; each training job one process on verl's CPU
+    # platform, one at a time (each starts its own Ray cluster)
+    work = tmp_path / "study"
+    dag(work, "table1", config=("preset=smoke", "backend=verl"), python=sys.executable, timeout=3 * RUN_LIMIT_S)
+    runs = work / "runs" / "smoke" / "tiny" / "mix" / "seed0"
+    trained = sorted(p.parent.name for p in runs.glob("*/final/DONE.json"))
+    assert "sft" in trained and len(trained) > 2, trained
+    for name in trained:
+        config = json.loads((runs / name / "provenance.json").read_text())["config"]
+        assert config["backend"] == "verl" and config["verl"]["gpus_per_node"] == 1, (name, config["verl"])
+        assert (runs / name / "verl").is_dir(), name  # verl's own checkpoints, not the local trainer's
+    assert (work / "results" / "tables" / "smoke" / "tiny" / "mix" / "table1.md").is_file()

@@ -11,7 +11,8 @@ pytest.importorskip("verl")
 from cbpo.backends.verl import sft  # noqa: E402
 from cbpo.chat import TOOL_TAGS  # noqa: E402
 from cbpo.models import train_tokenizer  # noqa: E402
-from cbpo.trainer import SFTConfig, encode_trace  # noqa: E402
+from cbpo.stages import SFTConfig  # noqa: E402
+from cbpo.trainer import encode_trace  # noqa: E402
 
 ROWS = [{"question": "What is 12 + 7?", "trace": "<think>add</think><python>print(12 + 7)</python><result>\n19\n</result>"
                                                 "<answer>\\boxed{19}</answer>"},
@@ -70,8 +71,9 @@ def test_the_suites_sft_settings_reach_verls_config(tmp_path):
     # 8 GPUs: 1 row each of a batch of 8, so micro-batches of 1; 6 rows do not split over 8 GPUs
     args = sft.overrides(cfg, dataclasses.replace(settings, batch_size=8), verl_cfg, Path("/m"), tmp_path, on_cpu=False)
     assert "data.micro_batch_size_per_gpu=1" in args
-    with pytest.raises(ValueError, match="sft.batch_size=6 does not split over 8 GPUs"):
+    with pytest.raises(ValueError, match="sft.batch_size=6 does not split over 8 GPUs") as refused:
         sft.overrides(cfg, dataclasses.replace(settings, batch_size=6), verl_cfg, Path("/m"), tmp_path, on_cpu=False)
+    assert "--config verl_nodes=N verl_gpus_per_node=G" in str(refused.value)  # the DAG's keys that fix it
 
 
 def test_sft_on_several_nodes_is_a_torchrun_per_node_of_the_slurm_allocation(tmp_path):
