@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
-import torch
 
 from cbpo.objective import ObjectiveConfig
 from cbpo.registry import Sampler, TokenCredit, register_method, sample_fresh
@@ -56,6 +55,7 @@ def reinforce_pp_advantages(rewards: Sequence[Sequence[float]], kls: Sequence[Se
     """REINFORCE++ (or, with ``baseline``, REINFORCE++-baseline) over a batch of groups: each
     rollout's advantage on each of its model tokens. ``rewards[g][i]`` is rollout i of group g's
     outcome reward, ``kls[g][i]`` its KL_t on its model tokens (zeros where ``kl_coef`` is 0)."""
+    import torch  # with verl's, on use: the Snakefile loads every method's module
     from verl.trainer.config import AlgoConfig
     from verl.trainer.ppo.core_algos import (compute_reinforce_plus_plus_baseline_outcome_advantage,
                                              compute_reinforce_plus_plus_outcome_advantage)

@@ -22,13 +22,15 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-# transformers' model classes are imported where a model is built or loaded: importing them
-# costs ~5 s, and every `snakemake` plan imports this module for MODELS alone.
+if TYPE_CHECKING:
+    import torch
+
+# torch and transformers' model classes are imported where a model is built or loaded: importing
+# them costs seconds, and every `snakemake` plan imports this module for MODELS alone.
 
 from cbpo.chat import (
     BOS_TOKEN,
@@ -184,6 +186,8 @@ def build_scratch_model(spec: ModelSpec, tokenizer, seed: int = 0):
         pad_token_id=tokenizer.pad_token_id,
         **spec.arch,
     )
+    import torch
+
     with torch.random.fork_rng(devices=[]):  # seeded init without touching the caller's RNG
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config)
@@ -207,6 +211,7 @@ def smollm2_gguf() -> Path:
 
 
 def _convert_smollm2():
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = smollm2_gguf()
@@ -294,10 +299,14 @@ def _source(path_or_id: str | Path) -> str | Path:
     return path_or_id
 
 
-def load_model(path_or_id: str | Path, dtype: torch.dtype = torch.float32):
-    """``(model, tokenizer)`` from a prepared checkpoint, a hub model's card or a hub id; the
-    tool tags and a distinct pad token are ensured (a no-op for prepared checkpoints)."""
+def load_model(path_or_id: str | Path, dtype: "torch.dtype | None" = None):
+    """``(model, tokenizer)`` from a prepared checkpoint, a hub model's card or a hub id, in
+    ``dtype`` (default float32); the tool tags and a distinct pad token are ensured (a no-op for
+    prepared checkpoints)."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = torch.float32 if dtype is None else dtype
 
     source = _source(path_or_id)
     tokenizer = AutoTokenizer.from_pretrained(source)

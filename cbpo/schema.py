@@ -27,7 +27,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from cbpo.backends import device
 from cbpo.backends.verl.config import VerlConfig
 from cbpo.registry import get_method
-from cbpo.trainer import RLConfig, SFTConfig
+from cbpo.stages import RLConfig, SFTConfig
 
 
 # Sections defined here. Their values come from configs/ (no defaults); like every settings

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch loads on first use: the Snakefile reads DEVICES/DTYPES through cbpo.schema
+    import torch
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16")
@@ -19,6 +21,8 @@ def check(device: str, dtype: str) -> None:
 def resolve_device(device: str) -> torch.device:
     """``auto`` is the GPU when one is visible; ``cuda`` without one is an error rather than a
     silent CPU run that would take days."""
+    import torch
+
     check(device, "auto")
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -30,6 +34,8 @@ def resolve_device(device: str) -> torch.device:
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """The compute dtype of forward passes. ``auto`` is bfloat16 on a GPU that supports it and
     float32 elsewhere (CPU bf16 matmuls are slower than fp32 on most CPUs)."""
+    import torch
+
     check("auto", dtype)
     if dtype == "auto":
         bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
@@ -41,6 +47,8 @@ def autocast(device: torch.device, dtype: torch.dtype):
     """Forward passes in ``dtype`` while weights and AdamW's state stay float32: an update of
     lr 1e-6 times a unit-scale step is below bfloat16's resolution of a weight near 1, so pure
     bf16 weights would not move."""
+    import torch
+
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)

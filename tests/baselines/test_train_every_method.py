@@ -9,7 +9,8 @@ import torch
 
 from cbpo.registry import METHOD_MODULES, get_method
 from cbpo.rollout.agent import AgentConfig
-from cbpo.trainer import MetricsLog, RLConfig, rl_train, save_checkpoint
+from cbpo.stages import RLConfig
+from cbpo.trainer import MetricsLog, rl_train, save_checkpoint
 
 TRAINING = [name for name in METHOD_MODULES if get_method(name).trains]
 SLOTS = 16

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 torch.set_num_threads(int(sys.argv[1]))
 from cbpo.models import build_scratch_model, model_spec, train_tokenizer
-from cbpo.trainer import MetricsLog, SFTConfig, sft
+from cbpo.stages import SFTConfig
+from cbpo.trainer import MetricsLog, sft
 
 rows = [{"question": f"What is {a} plus {b}?",
          "trace": f"<python>print({a} + {b})</python><result>\\n{a + b}\\n</result><answer>\\\\boxed{{{a + b}}}</answer>"}

@@ -108,7 +108,8 @@ def test_disk_for_the_checkpoints(tmp_path, monkeypatch):
     assert doctor.check_disk(cfg, {}, tmp_path, 12) == []
 
 
-def test_an_opd_rl_job_on_verl_is_checked_for_its_teachers_gpus_as_the_rl_rule_spreads_them():
+def test_an_opd_rl_job_on_verl_is_checked_for_its_teachers_gpus_as_the_rl_rule_spreads_them(monkeypatch):
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: "/usr/bin/" + name)  # a fake sinfo, SLURM installed or not
     cfg, wf = doctor.study_config(PAPER, WF)  # backend null in the workflow: the paper preset's verl
     rl = wf["resources"]["rl"]["gpu"]
     teacher = cfg.verl.teacher_gpus

@@ -8,9 +8,9 @@ import torch
 
 from cbpo.chat import build_prompt
 from cbpo.objective import LOSS_AGG_MODES, ObjectiveConfig
+from cbpo.stages import RLConfig
 from cbpo.trainer import (
     DONE,
-    RLConfig,
     encode_trace,
     latest_checkpoint,
     policy_update,
@@ -157,7 +157,8 @@ def test_stratified_pick_balances_domains_and_is_deterministic():
 
 
 def _sft_params(net, tokenizer, tmp_path, micro_batches):
-    from cbpo.trainer import MetricsLog, SFTConfig, sft
+    from cbpo.stages import SFTConfig
+    from cbpo.trainer import MetricsLog, sft
 
     rows = [{"question": f"What is {a} plus {b}?" + " Think." * (a % 4),
              "trace": f"<python>print({a} + {b})</python><result>\n{a + b}\n</result><answer>\\boxed{{{a + b}}}</answer>"}
@@ -181,7 +182,8 @@ def test_sft_micro_batches_give_the_same_update(tokenizer, tiny_causal_lm, tmp_p
 
 
 def test_sft_schedule_warms_up_then_decays():
-    from cbpo.trainer import SFTConfig, _lr_lambda
+    from cbpo.stages import SFTConfig
+    from cbpo.trainer import _lr_lambda
 
     f = _lr_lambda(SFTConfig(steps=110, warmup_steps=10, decay="cosine", min_lr_ratio=0.1))
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0) and f(10) == pytest.approx(1.0)

@@ -23,7 +23,8 @@ def checkpoint(tmp_path_factory):
     problem and scores 1 on the first."""
     from cbpo.chat import format_observation
     from cbpo.models import load_model, prepare_model
-    from cbpo.trainer import MetricsLog, SFTConfig, save_checkpoint, sft
+    from cbpo.stages import SFTConfig
+    from cbpo.trainer import MetricsLog, save_checkpoint, sft
 
     questions = [json.loads(line)["question"] for line in GSM8K.read_text().splitlines()[:LIMIT]]
     trace = f"<python>print(9 * 2)</python>{format_observation('18')}<answer>\\boxed{{18}}</answer>"

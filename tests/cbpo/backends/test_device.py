@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import cbpo.trainer as trainer
+from cbpo import stages
 from cbpo.backends.device import autocast, resolve_device, resolve_dtype
 from cbpo.objective import ObjectiveConfig
 from cbpo.registry import get_method
@@ -72,7 +73,7 @@ def test_policy_update_builds_its_batch_on_the_models_device_and_computes_in_dty
     monkeypatch.setattr(trainer, "rollout_tensors", recording)
     model.lm_head.register_forward_hook(lambda _m, _i, out: dtypes.append(out.dtype))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    stats = trainer.policy_update(model, None, opt, [_traj()], [(np.ones(2), np.ones(2))], trainer.RLConfig(),
+    stats = trainer.policy_update(model, None, opt, [_traj()], [(np.ones(2), np.ones(2))], stages.RLConfig(),
                                   ObjectiveConfig(beta=0.0), 0, torch.bfloat16)
     assert devices == [model.device]
     assert dtypes == [torch.bfloat16]  # the forward ran under bf16 autocast ...
@@ -84,7 +85,7 @@ def test_sft_runs_on_the_models_device_in_dtype(model, tokenizer, tmp_path):
     seen = []
     model.lm_head.register_forward_hook(lambda _m, inputs, out: seen.append((inputs[0].device, out.dtype)))
     rows = [{"question": "What is 1 plus 2?", "trace": "<answer>\\boxed{3}</answer>"}]
-    trainer.sft(model, tokenizer, rows, trainer.SFTConfig(steps=1, batch_size=2, warmup_steps=0), tmp_path,
+    trainer.sft(model, tokenizer, rows, stages.SFTConfig(steps=1, batch_size=2, warmup_steps=0), tmp_path,
                 trainer.MetricsLog(tmp_path / "m.jsonl"), None, torch.bfloat16)
     assert seen == [(model.device, torch.bfloat16)]
 
@@ -95,7 +96,7 @@ def test_autocast_is_off_for_float32():
 
 
 def test_hf_rollouts_sample_on_the_policys_device(model, tokenizer):
-    engine = trainer.rollout_engine(model, tokenizer, trainer.RLConfig(), torch.float32, top_k_entropy=3)
+    engine = trainer.rollout_engine(model, tokenizer, stages.RLConfig(), torch.float32, top_k_entropy=3)
     assert engine.device == model.device and engine.generator.device == model.device
     assert engine.top_k_entropy == 3
 
@@ -138,7 +139,7 @@ def test_vllm_rollouts_get_the_policys_weights_after_every_update(model, tokeniz
     model.name_or_path = str(tmp_path / "init")
     method = get_method("grpo")(vocab_size=len(tokenizer), budget=2, beta=0.0)
     rows = [{"id": "a", "question": "What is 1 plus 2?", "answer": "3", "domain": "math"}]
-    cfg = trainer.RLConfig(steps=2, problems_per_step=1, lr=0.5, engine="vllm", vllm_gpu_memory=0.25,
+    cfg = stages.RLConfig(steps=2, problems_per_step=1, lr=0.5, engine="vllm", vllm_gpu_memory=0.25,
                            agent=AgentConfig(max_new_tokens=4, max_total_tokens=8))
     rewards = iter([[0.0, 1.0], [1.0, 0.0]])  # a non-zero advantage: every step changes the weights
     trainer.rl_train(model, tokenizer, method, rows, {}, lambda texts, rows: next(rewards), cfg, tmp_path,

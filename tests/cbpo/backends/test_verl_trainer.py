@@ -116,7 +116,8 @@ def local_record(tmp_path, tokenizer, tiny_causal_lm, method="grpo", **knobs) ->
     """One step of the local trainer (no search tool; rewards 0, 1 in every group of two): the
     metrics line it writes."""
     from cbpo.rollout.agent import AgentConfig
-    from cbpo.trainer import RLConfig, rl_train
+    from cbpo.stages import RLConfig
+    from cbpo.trainer import rl_train
 
     rows = [{"id": "a", "question": "What is 1 plus 2?", "answer": "3", "domain": "math"}]
     cfg = RLConfig(steps=1, problems_per_step=1, agent=AgentConfig(max_new_tokens=4, max_total_tokens=8))

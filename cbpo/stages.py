@@ -1,0 +1,77 @@
+"""The training stages' settings, ``sft.*`` and ``rl.*`` (cbpo.schema makes them the config's
+schema), which both backends train by. Free of torch, so the Snakefile's parse does not load it.
+Error messages start with the field's name; the entry points prefix it with ``sft.`` or ``rl.``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cbpo.rollout.agent import AgentConfig
+
+
+@dataclass
+class SFTConfig:
+    steps: int = 250
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    decay: str = "constant"  # after warm-up: "constant" or "cosine" (to min_lr_ratio * lr)
+    min_lr_ratio: float = 0.0
+    micro_batches: int = 1  # the batch, sorted by length, in this many chunks: less padding, same loss
+    max_len: int = 512
+    seed: int = 0
+    log_every: int = 10
+    checkpoint_every: int = 50
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "micro_batches", "max_len", "log_every", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("lr", "weight_decay", "warmup_steps"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.decay not in ("constant", "cosine"):
+            raise ValueError(f"decay must be 'constant' or 'cosine', got {self.decay!r}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
+
+
+@dataclass
+class RLConfig:
+    """The loop's settings. The objective's (clip range, KL weight and estimator, loss
+    aggregation) and the entropy's top-K are the method's: ``method.*``."""
+
+    steps: int = 50
+    problems_per_step: int = 8  # prompts per step; each gets the method's M rollout slots
+    pool_size: int | None = None  # RL problems: every training row, or a domain-balanced subset this big
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 32  # sequences per forward/backward (memory only, not the maths)
+    # Optimiser steps per rollout batch, each on a disjoint mini-batch, all against pi_old (the
+    # sampling policy): verl's ppo_mini_batch_size schedule. With 1 the ratio is 1 where the
+    # gradient is taken, so clip ranges (DAPO's clip-higher, GSPO's) never bind.
+    ppo_mini_batches: int = 1
+    temperature: float = 1.0  # ours: the paper gives no rollout temperature
+    seed: int = 0
+    checkpoint_every: int = 10
+    dump_rollouts: bool = False
+    dump_every: int = 1  # with dump_rollouts: every k-th step's rollouts, and the last step's
+    engine: str = "hf"  # rollouts: "hf" (the policy itself, on its device) or "vllm" (weights pushed each step)
+    vllm_gpu_memory: float = 0.3  # vLLM's share of the GPU; the policy, its optimiser and the reference use the rest
+    agent: AgentConfig = field(default_factory=AgentConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "problems_per_step", "micro_batch_size", "checkpoint_every", "ppo_mini_batches", "dump_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("lr", "weight_decay", "temperature"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
+        if self.engine not in ("hf", "vllm"):
+            raise ValueError(f"engine must be 'hf' or 'vllm', got {self.engine!r}")
+        if not 0 < self.vllm_gpu_memory < 1:
+            raise ValueError(f"vllm_gpu_memory must lie in (0, 1), got {self.vllm_gpu_memory}")
