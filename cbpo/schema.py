@@ -6,8 +6,8 @@ key (``rl.temperature=abc``), and every option exists under every preset without
 checks are the settings dataclasses' own ``__post_init__``; ``validate`` runs them all before a
 job starts, naming the key (``rl.steps must be >= 1, got 0``).
 
-Each setting is defined once: the trainer's ``SFTConfig`` and ``RLConfig`` (with the agent's
-``AgentConfig``) and each method's config dataclass are the schema of ``sft``, ``rl`` and
+Each setting is defined once: ``SFTConfig`` and ``RLConfig`` (cbpo/stages.py, with the
+agent's ``AgentConfig``) and each method's config dataclass are the schema of ``sft``, ``rl`` and
 ``method``; the sections only the entry points read are defined here. Values live in the YAML.
 """
 from __future__ import annotations
