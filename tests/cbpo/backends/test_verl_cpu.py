@@ -159,7 +159,7 @@ def test_table1_trains_on_verl_through_the_dag_on_a_machine_without_gpus(tmp_pat
     work = tmp_path / "study"
     dag(work, "table1", config=("preset=smoke", "backend=verl"), python=sys.executable, timeout=3 * RUN_LIMIT_S)
     runs = work / "runs" / "smoke" / "tiny" / "mix" / "seed0"
-    trained = sorted(p.parent.name for p in runs.glob("*/final/DONE.json"))
+    trained = sorted(p.parent.parent.name for p in runs.glob("*/final/DONE.json"))
     assert "sft" in trained and len(trained) > 2, trained
     for name in trained:
         config = json.loads((runs / name / "provenance.json").read_text())["config"]
