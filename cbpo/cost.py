@@ -7,6 +7,7 @@ GPU; until then the table says it is assumed.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -37,10 +38,11 @@ def rl_job_gpus(per_node: int, nodes: int, method: str, backend: str, teacher_gp
     return per_node * nodes + (teacher_gpus if backend == "verl" and method in DISTILLED else 0)
 
 
+@functools.cache
 def visible_gpus() -> int:
     """The GPUs this machine shows a job: those ``CUDA_VISIBLE_DEVICES`` lists where it is set,
-    else ``nvidia-smi -L``'s; 0 without either (a CPU machine). No torch import: the Snakefile
-    calls it while it parses."""
+    else ``nvidia-smi -L``'s; 0 without either (a CPU machine). No torch import, and asked once
+    per process: the Snakefile asks it for every training job it plans."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return len([d for d in visible.split(",") if d.strip() not in ("", "-1")])

@@ -177,6 +177,7 @@ def prepare_tokenizer(model, tokenizer) -> int:
 # --------------------------------------------------------------------------- preparation
 
 def build_scratch_model(spec: ModelSpec, tokenizer, seed: int = 0):
+    import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(
@@ -186,8 +187,6 @@ def build_scratch_model(spec: ModelSpec, tokenizer, seed: int = 0):
         pad_token_id=tokenizer.pad_token_id,
         **spec.arch,
     )
-    import torch
-
     with torch.random.fork_rng(devices=[]):  # seeded init without touching the caller's RNG
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config)

@@ -129,11 +129,14 @@ def both_credits(name: str, verl_batch, seed: int):
         for i, t in enumerate(flat):
             t.ref_kl = ((old - ref)[row_of[i], : len(t.response_ids)].numpy() * np.asarray(t.model_mask)).tolist()
     if name in credit.OFF_CONTEXT:
-        starts = np.cumsum([0] + [len(g) for g in groups])
+        index = {id(t): i for i, t in enumerate(flat)}
+
+        def on_model_tokens(values, t):
+            return values[row_of[index[id(t)]], torch.as_tensor(t.model_positions())].double().numpy()
+
         local.off_context(
-            [{k: (old[row_of[starts[g] + k]][np.asarray(t.model_mask + [False] * (width - len(t.model_mask)))].double().numpy(),
-                  behaviour[row_of[starts[g] + k]][np.asarray(t.model_mask + [False] * (width - len(t.model_mask)))].double().numpy())
-              for k, t in enumerate(group) if t.kind == "privileged"} for g, group in enumerate(groups)],
+            [{k: (on_model_tokens(old, t), on_model_tokens(behaviour, t)) for k, t in enumerate(group) if t.kind == "privileged"}
+             for group in groups],
             [{k for k in range(len(group)) if (g, k) in leaked} for g, group in enumerate(groups)])
     credits = [c for g in local.credit(groups) for c in g]
     tensors = rollout_tensors(flat, credits, pad_id=0)
