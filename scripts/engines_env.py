@@ -83,8 +83,9 @@ def main(target: str) -> None:
     env = Path(target).absolute()
     venv.create(env, with_pip=True, clear=True)
     py = str(env / "bin" / "python")
-    # uv's pip interface: the versions pip resolves, several times faster (docs/test-suite.md)
-    pip = [find_uv_bin(), "pip", "install", "-q", "--python", py]
+    # uv's pip interface: the versions pip resolves, several times faster (docs/test-suite.md);
+    # compiled at install as pip does (Makefile: each Ray worker would compile its imports again)
+    pip = [find_uv_bin(), "pip", "install", "-q", "--compile-bytecode", "--python", py]
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
     version = vllm_version()
     with tempfile.TemporaryDirectory() as tmp:
