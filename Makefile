@@ -47,10 +47,12 @@ $(ESTAMP): $(STAMP) scripts/engines_env.py
 # modules first (tests/conftest.py). Then the engine tier, one process: one verl run peaks at 15 GB,
 # and beside the main tier its Ray workers (niced) starve, which made both tiers slower (measured:
 # docs/test-suite.md). Each phase's wall time goes to $CBPO_PHASES (scripts/phase; .ci/run prints
-# them). One tier, one file, the fast subset: docs/test-suite.md.
+# them). One tier, one file, the fast subset: docs/test-suite.md. First the import contracts
+# (docs/architecture.md): a second.
 PHASE := scripts/phase
 
 test: $(STAMP) $(ESTAMP)
+	$(PHASE) imports $(BIN)/lint-imports --no-cache
 	$(MAKE) --no-print-directory main-tier
 	$(MAKE) --no-print-directory engine-tier
 	$(PHASE) docs env DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict -q -d "$$(mktemp -d)"

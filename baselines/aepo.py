@@ -26,9 +26,10 @@ its ``compute_policy_loss_entropy_balanced_clipping``, read through a fork). Imp
   still passes gradient (1 + eps_high) A grad log pi; the lower clip and dual-clip are vanilla's.
   As in AEPO's code the bound applies to every token, not only to high-entropy ones.
   Clip bounds 0.2 / 0.28 [APPROX]: AEPO's script values were not read.
-The loss is registered with verl by :mod:`baselines.aepo_loss` (imported when AEPO is built); in
-verl's worker processes by ``VERL_USE_EXTERNAL_MODULES=baselines.aepo_loss`` (verl imports it at
-``import verl``, cbpo/backends/verl/launch.py sets it).
+The loss is registered with verl by :mod:`baselines.aepo_loss`, the objective's
+``policy_loss_module``: the loss (``cbpo.objective.policy_objective``) imports it where it is
+computed, and the verl backend has verl import it in every worker process
+(``VERL_USE_EXTERNAL_MODULES``).
 """
 from __future__ import annotations
 
@@ -45,14 +46,15 @@ from cbpo.registry import Sampler, TokenCredit, broadcast, register_method
 from cbpo.rollout.agent import Job, run_jobs
 from cbpo.trajectory import Trajectory
 
-# The update's verl policy loss (baselines/aepo_loss.py) is imported where AEPO is built: that
-# module imports verl (~5 s), and every `snakemake` plan imports this one for the registry.
+# The update's verl policy loss lives in baselines/aepo_loss.py, imported only where the loss is
+# computed: that module imports verl (~5 s), and every `snakemake` plan imports this one.
 ENTROPY_BALANCED_CLIP = "aepo_entropy_balanced_clip"  # the verl policy-loss name
 
 
 @dataclass(frozen=True)
 class AEPOConfig(ObjectiveConfig):
     policy_loss: str = ENTROPY_BALANCED_CLIP  # the entropy clipping-balanced update
+    policy_loss_module: str | None = "baselines.aepo_loss"  # registers it with verl
     clip_low: float | None = 0.2  # [APPROX] the stand-in's clipping bounds
     clip_high: float | None = 0.28
     budget: int = 16  # k
@@ -115,8 +117,6 @@ class AEPO:
     config = AEPOConfig
 
     def __init__(self, vocab_size: int, **overrides: Any):
-        import baselines.aepo_loss  # noqa: F401  registers ENTROPY_BALANCED_CLIP with verl
-
         self.cfg = AEPOConfig.from_overrides(overrides)
         self.vocab_size = vocab_size
         self.rng = np.random.default_rng(self.cfg.seed)

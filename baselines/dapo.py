@@ -84,7 +84,7 @@ def informative(rewards: Sequence[float]) -> bool:
     return bool(np.ptp(np.asarray(rewards, dtype=np.float64)) > 0)
 
 
-@register_method("dapo")
+@register_method("dapo", verl_estimator="grpo")
 class DAPO:
     display_name = "DAPO"
     paper = "Yu et al., 2025, DAPO: An Open-Source LLM Reinforcement Learning System at Scale, arXiv 2503.14476"

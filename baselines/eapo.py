@@ -26,7 +26,7 @@ import numpy as np
 
 from cbpo.credit import grpo_advantages, modulate
 from cbpo.objective import ObjectiveConfig
-from cbpo.registry import Sampler, TokenCredit, register_method, sample_fresh
+from cbpo.registry import TokenCredit, register_method
 from cbpo.trajectory import Trajectory
 
 
@@ -62,9 +62,6 @@ class EAPO:
     def __init__(self, vocab_size: int | None = None, **overrides: Any):
         # vocab_size is part of every method's constructor; EAPO's entropies are not normalised by it.
         self.cfg = EAPOConfig.from_overrides(overrides)
-
-    def collect(self, prompts: Sequence[list[int]], sample: Sampler) -> list[list[Trajectory]]:
-        return sample_fresh(prompts, self.cfg.budget, sample)
 
     def credit(self, groups: Sequence[Sequence[Trajectory]]) -> list[list[TokenCredit]]:
         cfg = self.cfg

@@ -27,7 +27,7 @@ import numpy as np
 
 from baselines._tree import grouped_advantages, observation_before, step_starts
 from cbpo.objective import ObjectiveConfig
-from cbpo.registry import Sampler, TokenCredit, register_method, sample_fresh
+from cbpo.registry import TokenCredit, register_method
 from cbpo.trajectory import Trajectory
 
 MODES = ("mean_std_norm", "mean_norm")
@@ -89,9 +89,6 @@ class GiGPO:
     def __init__(self, vocab_size: int, **overrides: Any):
         # vocab_size is part of every method's constructor; GiGPO's anchors do not need it.
         self.cfg = GiGPOConfig.from_overrides(overrides)
-
-    def collect(self, prompts: Sequence[list[int]], sample: Sampler) -> list[list[Trajectory]]:
-        return sample_fresh(prompts, self.cfg.budget, sample)
 
     def credit(self, groups: Sequence[Sequence[Trajectory]]) -> list[list[TokenCredit]]:
         return [

@@ -11,7 +11,7 @@ import numpy as np
 
 from cbpo.credit import grpo_advantages
 from cbpo.objective import ObjectiveConfig
-from cbpo.registry import Sampler, TokenCredit, broadcast, register_method, sample_fresh
+from cbpo.registry import TokenCredit, broadcast, register_method
 from cbpo.trajectory import Trajectory
 
 
@@ -26,7 +26,7 @@ class GRPOConfig(ObjectiveConfig):
             raise ValueError(f"budget must be >= 1, got {self.budget}")
 
 
-@register_method("grpo")
+@register_method("grpo", verl_estimator="grpo")
 class GRPO:
     display_name = "GRPO"
     paper = "Shao et al., 2024, DeepSeekMath, arXiv 2402.03300"
@@ -38,9 +38,6 @@ class GRPO:
     def __init__(self, vocab_size: int | None = None, **overrides: Any):
         # vocab_size is part of every method's constructor contract; GRPO does not need it.
         self.cfg = self.config.from_overrides(overrides)
-
-    def collect(self, prompts: Sequence[list[int]], sample: Sampler) -> list[list[Trajectory]]:
-        return sample_fresh(prompts, self.cfg.budget, sample)
 
     def credit(self, groups: Sequence[Sequence[Trajectory]]) -> list[list[TokenCredit]]:
         return [broadcast(g, grpo_advantages(np.array([t.reward for t in g], dtype=np.float64), self.cfg.eps)) for g in groups]

@@ -27,7 +27,7 @@ class GSPOConfig(GRPOConfig):
     beta: float = 0.0  # GSPO trains without a KL term
 
 
-@register_method("gspo")
+@register_method("gspo", verl_estimator="grpo")
 class GSPO(GRPO):
     """GRPO's rollouts and advantages; only the objective (``GSPOConfig``) differs."""
 

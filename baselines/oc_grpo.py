@@ -42,7 +42,7 @@ import re
 
 import numpy as np
 
-from baselines.logprobs import model_token_logprobs
+from cbpo.logprobs import model_token_logprobs
 from cbpo.chat import TOOL_TAGS
 from cbpo.credit import grpo_advantages
 from cbpo.objective import ObjectiveConfig
@@ -108,7 +108,7 @@ def off_context_weights(logp_old: np.ndarray, logp_behaviour: np.ndarray, cap: f
     return np.minimum(np.exp(np.asarray(logp_old) - np.asarray(logp_behaviour)), cap)
 
 
-@register_method("oc_grpo")
+@register_method("oc_grpo", off_context_credit=True)
 class OCGRPO:
     display_name = "OC-GRPO"
     paper = "Agrawal et al., 2026, Off-Context GRPO: Learning to Reason on Hard Problems using Privileged Information, arXiv 2607.19313"

@@ -41,9 +41,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from baselines.logprobs import model_token_logprobs
+from cbpo.logprobs import model_token_logprobs
 from cbpo.objective import ObjectiveConfig
-from cbpo.registry import Sampler, TokenCredit, register_method, sample_fresh
+from cbpo.registry import TokenCredit, register_method
 from cbpo.trajectory import Trajectory
 
 
@@ -55,7 +55,7 @@ class OPDConfig(ObjectiveConfig):
     beta: float = 0.0  # use_kl_loss=False: the teacher is the only anchor
 
 
-@register_method("opd")
+@register_method("opd", distilled=True)
 class OPD:
     display_name = "OPD"
     paper = "Li et al., 2026, Rethinking On-Policy Distillation of Large Language Models, arXiv 2604.13016"
@@ -84,9 +84,6 @@ class OPD:
         param = next(model.parameters())
         self.teacher = teacher.to(device=param.device, dtype=param.dtype).eval().requires_grad_(False)
         self.student, self.pad_id, self.temperature = model, tokenizer.pad_token_id, temperature
-
-    def collect(self, prompts: Sequence[list[int]], sample: Sampler) -> list[list[Trajectory]]:
-        return sample_fresh(prompts, self.cfg.budget, sample)
 
     def credit(self, groups: Sequence[Sequence[Trajectory]]) -> list[list[TokenCredit]]:
         if self.teacher is None:

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from cbpo.objective import ObjectiveConfig
-from cbpo.registry import Sampler, TokenCredit, register_method, sample_fresh
+from cbpo.registry import TokenCredit, register_method
 from cbpo.trajectory import Trajectory
 
 
@@ -82,7 +82,8 @@ def reinforce_pp_advantages(rewards: Sequence[Sequence[float]], kls: Sequence[Se
     return [out[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-@register_method("reinforce_pp")
+@register_method("reinforce_pp", verl_estimator=lambda cfg: "reinforce_plus_plus_baseline" if cfg.baseline
+                 else "reinforce_plus_plus")
 class ReinforcePP:
     display_name = "REINFORCE++"
     paper = "Hu et al., 2025, REINFORCE++: Stabilizing Critic-Free Policy Optimization with Global Advantage Normalization, arXiv 2501.03262"
@@ -100,9 +101,6 @@ class ReinforcePP:
     def reward_kl(self) -> float:
         """beta of the KL in the token reward: the trainer fills ``Trajectory.ref_kl`` where > 0."""
         return self.cfg.kl_coef
-
-    def collect(self, prompts: Sequence[list[int]], sample: Sampler) -> list[list[Trajectory]]:
-        return sample_fresh(prompts, self.cfg.budget, sample)
 
     def credit(self, groups: Sequence[Sequence[Trajectory]]) -> list[list[TokenCredit]]:
         kls = [[t.model_ref_kl() if self.cfg.kl_coef else np.zeros(t.n_model_tokens) for t in g] for g in groups]

@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 from cbpo import schema
 from cbpo.models import load_model
 from cbpo.registry import get_method
-from cbpo.trainer import policy_update
+from cbpo.backends.local.rl import policy_update
 from cbpo.trajectory import Trajectory
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -41,8 +41,9 @@ from cbpo.models import load_model, prepare_model
 from cbpo.registry import get_method
 from cbpo.rollout.agent import AgentConfig, run_agent
 from cbpo.rollout.engine import HFEngine
-from cbpo.tools import build_tools
-from cbpo.trainer import prefill_counts
+from cbpo.tasks import environment_tools
+from cbpo.tools import ToolsConfig
+from cbpo.backends.local.rl import prefill_counts
 
 
 def measure(method, prompts, engine, tokenizer, tools, agent_cfg):
@@ -99,7 +100,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from cbpo.data import generate_task
+    from cbpo.tasks import generate_task
 
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = args.data_dir
@@ -114,7 +115,7 @@ def main() -> None:
             ckpt = prepare_model("tiny", Path(tmp) / "tiny", corpus_texts=texts)
         model, tokenizer = load_model(ckpt)
         model.eval()
-        tools = build_tools(["python", "search"], {"search_k": 3, "python_timeout": 5.0})
+        tools = environment_tools(["python", "search"], ToolsConfig(python_timeout=5.0, search_k=3), seed=0)
         agent_cfg = AgentConfig(max_tool_calls=3, max_new_tokens=64, max_total_tokens=256, max_obs_tokens=96)
         half = args.problems // 2
         picked = rows[:half] + rows[-(args.problems - half):]  # both domains

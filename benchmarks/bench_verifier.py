@@ -1,4 +1,4 @@
-"""Math verifier throughput: answers/s of eval.verify.MathVerifier on 2 worker processes.
+"""Math verifier throughput: answers/s of eval.verifiers.verify.MathVerifier on 2 worker processes.
 
 Pairs: every MATH-500 gold answer against its ``\\boxed{}`` form (synthetic fractions when
 ../shared/data is absent). Each pair is a full parse(gold) + parse(pred) + verify, as in
@@ -12,7 +12,7 @@ import os
 import time
 
 from eval.benchmarks import load_benchmark, shared_data_dir
-from eval.verify import MathVerifier
+from eval.verifiers.verify import MathVerifier
 
 
 def pairs() -> tuple[list[str], list[str], str]:

@@ -153,3 +153,18 @@ def split_observations(response: str) -> list[tuple[str, bool]]:
     if last < len(response):
         pieces.append((response[last:], True))
     return pieces
+
+
+def encode_trace(tokenizer, question: str, trace: str, system_prompt: str | None = SYSTEM_PROMPT) -> tuple[list[int], list[int]]:
+    """Prompt + response ids, and a loss mask that is 1 on the model's own tokens only
+    (observations ``<result>…</result>`` and the prompt get no loss). The response ends with
+    the end-of-turn token, as generation does."""
+    ids = build_prompt(tokenizer, question, system_prompt)
+    mask = [0] * len(ids)
+    for text, is_model in split_observations(trace):
+        piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids += piece
+        mask += [int(is_model)] * len(piece)
+    ids.append(tokenizer.eos_token_id)
+    mask.append(1)
+    return ids, mask

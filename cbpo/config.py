@@ -11,6 +11,14 @@ from dataclasses import dataclass
 from cbpo.objective import ObjectiveConfig
 
 
+def check_slots(budget: int, n0: int) -> None:
+    """M rollout slots per problem, N_0 of them CBPO's initial parents (Sec. 5.1)."""
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    if not 0 < n0 <= budget:
+        raise ValueError(f"n0 must satisfy 0 < n0 <= budget, got n0={n0}, budget={budget}")
+
+
 @dataclass(frozen=True)
 class CBPOConfig(ObjectiveConfig):
     # Rollout budget (Sec. 5.1: "six slots to initial trajectories and ten to ... branching").
@@ -48,10 +56,7 @@ class CBPOConfig(ObjectiveConfig):
         super().__post_init__()
         if self.candidates not in ("full", "tool_boundary"):
             raise ValueError(f"candidates must be 'full' or 'tool_boundary', got {self.candidates!r}")
-        if self.budget < 1:
-            raise ValueError(f"budget must be >= 1, got {self.budget}")
-        if not 0 < self.n0 <= self.budget:
-            raise ValueError(f"n0 must satisfy 0 < n0 <= budget, got n0={self.n0}, budget={self.budget}")
+        check_slots(self.budget, self.n0)
         for name in ("w", "d_min", "top_j", "top_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -33,9 +33,9 @@ def job_gpus(resources: Mapping) -> int:
 def rl_job_gpus(per_node: int, nodes: int, method: str, backend: str, teacher_gpus: int) -> int:
     """All GPUs of an rl job (the rl rule's, workflow/rules/train.smk): ``resources.rl.gpu`` on
     each node, and on verl a distilled method's (OPD's) teacher's own ``verl.teacher_gpus``."""
-    from cbpo.backends.verl.config import DISTILLED
+    from cbpo.registry import get_method
 
-    return per_node * nodes + (teacher_gpus if backend == "verl" and method in DISTILLED else 0)
+    return per_node * nodes + (teacher_gpus if backend == "verl" and get_method(method).distilled else 0)
 
 
 @functools.cache

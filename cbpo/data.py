@@ -13,8 +13,6 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Mapping
 
-from cbpo.tasks import get_task
-
 DOMAINS = ("math", "search")
 
 
@@ -39,17 +37,6 @@ def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
-def generate_task(task: str, data_dir: str | Path, seed: int, n_train: int, n_test: int,
-                  **options: Any) -> dict[str, Path]:
-    """``options``: the data config's ``task_options``, the task generator's own arguments."""
-    splits = get_task(task).generate(seed, n_train, n_test, **options)
-    out = {}
-    for split in ("train", "test"):
-        out[split] = task_file(data_dir, task, split)
-        write_jsonl(out[split], splits[split])
-    return out
-
-
 def read_jsonl(path: str | Path, stream: IO[bytes] | None = None) -> Iterator[tuple[str, dict]]:
     """``(where, row)`` for every non-blank line of a JSONL file, ``where`` being ``file:line``;
     ``stream`` is read instead of opening ``path`` (stdin). A line that is not UTF-8, not JSON
@@ -72,6 +59,29 @@ def read_jsonl(path: str | Path, stream: IO[bytes] | None = None) -> Iterator[tu
             if not isinstance(row, dict):
                 raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
             yield where, row
+
+
+def read_appended(path: str | Path, what: str) -> tuple[list[tuple[int, Any]], int]:
+    """The records of an append-only JSONL file (a run's metrics, an evaluation's samples) as
+    (line number, value), and the length in bytes of the lines that hold them. Each record is one
+    write ending in a newline, so the text after the last newline, or a last line that is not
+    JSON, is a write torn by a kill or a full disk: it is left out (the caller cuts it off). A bad
+    line before the last is damage this cannot explain: an error naming the line and ``what``."""
+    body, newline, _ = Path(path).read_bytes().rpartition(b"\n")
+    lines = body.split(b"\n") if newline else []
+    records: list[tuple[int, Any]] = []
+    size = offset = 0
+    for lineno, line in enumerate(lines, 1):
+        offset += len(line) + 1
+        if line.strip():
+            try:
+                records.append((lineno, json.loads(line)))
+            except ValueError:
+                if lineno == len(lines):
+                    break
+                raise ValueError(f"{path}:{lineno}: corrupt {what} (not JSON)") from None
+        size = offset
+    return records, size
 
 
 def _field(row: Mapping[str, Any], key: str, where: str, label: str | None) -> tuple[Any, str]:

@@ -234,38 +234,33 @@ def prepare_model(
     """Write model ``name`` to ``out_dir`` as an HF checkpoint and return ``out_dir``.
 
     ``corpus_texts`` (questions and SFT traces of the built-in tasks) train the tokenizer of
-    scratch models; other kinds ignore it. Hub models are fetched (``cbpo.fetch``: once,
-    resumably). The directory appears only once complete, so an interrupted run leaves nothing
-    that looks done.
+    scratch models; other kinds ignore it. Hub models are not built here: ``cbpo.fetch`` fetches
+    them (``cbpo.prepare.model_folder`` picks). The directory appears only once complete, so an
+    interrupted run leaves nothing that looks done.
     """
     spec = model_spec(name)
     out_dir = Path(out_dir)
     if spec.kind == "hub":
-        from cbpo.fetch import fetch, model_item
-
-        fetch([model_item(name, out_dir.parent, folder=out_dir)])
-        return out_dir
+        raise ValueError(f"model {name!r} comes from the hub ({spec.source}): "
+                         f"python -m cbpo.prepare target=model model={name} fetches it")
     card = {"name": name, "kind": spec.kind, "description": spec.description}
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        if spec.kind == "hub":
-            card["hub_id"] = spec.source
+        if spec.kind == "scratch":
+            if corpus_texts is None:
+                raise ValueError(
+                    f"model {name!r} trains its tokenizer on the tasks' texts: "
+                    "pass corpus_texts"
+                )
+            tokenizer = train_tokenizer(corpus_texts, spec.bpe_vocab)
+            model = build_scratch_model(spec, tokenizer, seed)
+            card["seed"] = seed
         else:
-            if spec.kind == "scratch":
-                if corpus_texts is None:
-                    raise ValueError(
-                        f"model {name!r} trains its tokenizer on the tasks' texts: "
-                        "pass corpus_texts"
-                    )
-                tokenizer = train_tokenizer(corpus_texts, spec.bpe_vocab)
-                model = build_scratch_model(spec, tokenizer, seed)
-                card["seed"] = seed
-            else:
-                model, tokenizer = _convert_smollm2()
-            card["n_params"] = sum(p.numel() for p in model.parameters())
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
+            model, tokenizer = _convert_smollm2()
+        card["n_params"] = sum(p.numel() for p in model.parameters())
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
         (tmp / MODEL_CARD).write_text(json.dumps(card, indent=2) + "\n")
         if out_dir.exists():
             shutil.rmtree(out_dir)

@@ -7,8 +7,11 @@ paper's verl-based training runs), not re-derived here.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypeVar
+
+import numpy as np
 
 if TYPE_CHECKING:  # method configs extend ObjectiveConfig: importing them needs no torch
     import torch
@@ -31,6 +34,9 @@ class ObjectiveConfig:
     the field's name: the entry points prefix it with ``method.``."""
 
     policy_loss: str = "vanilla"  # a verl policy-loss name ("vanilla" = PPO clip, Eqs. 20-22)
+    # the module that registers policy_loss with verl (core_algos.register_policy_loss) when verl
+    # does not ship it: imported where the loss is computed, in this process and in verl's workers
+    policy_loss_module: str | None = None
     loss_agg_mode: str = LOSS_AGG_MODE  # Eq. 23's sequence mean of token means
     clip_eps: float = 0.2  # ours: PPO clip range epsilon
     clip_low: float | None = None  # asymmetric clipping (DAPO's clip-higher); None = clip_eps
@@ -112,12 +118,14 @@ def policy_objective(
 
     For a micro-batch of a larger batch, ``batch_num_tokens`` (loss tokens), ``global_batch_size``
     (rollouts, those without a loss token included) and ``loss_scale_factor`` (the response
-    budget) describe the whole batch, as verl's ``agg_loss`` takes them (``trainer.loss_normalisers``):
+    budget) describe the whole batch, as verl's ``agg_loss`` takes them (:func:`loss_normalisers`):
     the micro-batches' losses then add up to the whole batch's for every ``loss_agg_mode``. Left
     as None, the tensors are the batch (verl's defaults: rows with a loss token, padded width).
     """
     from verl.trainer.ppo import core_algos
 
+    if objective.policy_loss_module:
+        importlib.import_module(objective.policy_loss_module)
     mask = loss_mask.to(log_prob.dtype)
     batch_info = {"batch_num_tokens": batch_num_tokens, "global_batch_size": global_batch_size,
                   "loss_scale_factor": loss_scale_factor}
@@ -139,3 +147,13 @@ def policy_objective(
         loss = loss + objective.beta * kl_loss
         metrics["kl"] = kl_loss.detach().item()
     return loss, metrics
+
+
+def loss_normalisers(credits, rows: Sequence[int], response_budget: int) -> dict[str, int]:
+    """verl's ``agg_loss`` arguments for the mini-batch ``rows``, as verl's actor takes them: its
+    loss tokens; its rollouts, all of them (Eq. 23's 1/M over the group's M rollouts: a CBPO
+    branch with no tokens of its own, a rollout with no model token, counts, as in verl's
+    ``ppo_mini_batch_size x rollout.n``); and seq-mean-token-sum-norm's constant, the response
+    budget (verl's ``actor.loss_scale_factor``, which the verl backend sets to the same)."""
+    return {"batch_num_tokens": int(sum(np.count_nonzero(credits[i][1]) for i in rows)),
+            "global_batch_size": len(rows), "loss_scale_factor": int(response_budget)}

@@ -6,10 +6,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterable
 
 from omegaconf import DictConfig
 
-from cbpo.data import generate_task, load_split
+from cbpo.data import load_split
+from cbpo.tasks import generate_task
 from cbpo.schema import config_options, entry_point
 
 
@@ -25,6 +27,18 @@ models: {', '.join(config_options('model'))}
 """
 
 
+def model_folder(name: str, out_dir: Path, corpus_texts: Iterable[str] | None = None, seed: int = 0) -> Path:
+    """Model ``name`` in ``out_dir``: a hub model fetched there (``cbpo.fetch``: once,
+    resumably, checksummed), any other built or converted (``cbpo.models.prepare_model``)."""
+    from cbpo.fetch import fetch, model_item
+    from cbpo.models import model_spec, prepare_model
+
+    if model_spec(name).kind == "hub":
+        fetch([model_item(name, out_dir.parent, folder=out_dir)])
+        return out_dir
+    return prepare_model(name, out_dir, corpus_texts, seed)
+
+
 @entry_point(usage=usage)
 def main(cfg: DictConfig) -> None:
     target = cfg.get("target")
@@ -35,8 +49,6 @@ def main(cfg: DictConfig) -> None:
                                   **cfg.data.get("task_options", {}))
             print(f"{task}: {paths['train']} {paths['test']}")
     elif target == "model":
-        from cbpo.models import prepare_model
-
         from cbpo.chat import SYSTEM_PROMPT
 
         # Scratch tokenizers learn from every built-in task's text, whatever the run's data;
@@ -45,7 +57,7 @@ def main(cfg: DictConfig) -> None:
         for task in ("arith", "twohop"):
             for row in load_split({"tasks": [task]}, data_dir, "train"):
                 texts += [row["question"], row["trace"]]
-        out = prepare_model(cfg.model.name, Path(cfg.paths.models_dir) / cfg.model.name, corpus_texts=texts, seed=cfg.seed)
+        out = model_folder(cfg.model.name, Path(cfg.paths.models_dir) / cfg.model.name, corpus_texts=texts, seed=cfg.seed)
         print(f"model {cfg.model.name}: {out}")
     else:
         raise SystemExit(f"target must be 'data' or 'model', got {target!r} (add target=data or target=model)")

@@ -2,13 +2,14 @@
 extracted answer, search by normalised token F1 (or the benchmark's own metric). The same
 extraction and scorers as evaluation, so training and Table 1 agree on what "correct" means:
 the answer comes from the model's own text only (never from a ``<result>`` observation), and an
-``<answer>`` block the token cap cut before ``</answer>`` scores 0 (``eval.extract``)."""
+``<answer>`` block the token cap cut before ``</answer>`` scores 0 (``eval.verifiers.extract``)."""
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from eval.extract import extract_answer
-from eval.scoring import Scorer, make_scorer
+from cbpo.trajectory import Trajectory
+from eval.verifiers.extract import extract_answer
+from eval.verifiers.scoring import Scorer, make_scorer
 
 DOMAIN_METRIC = {"math": "math", "search": "f1"}
 
@@ -43,3 +44,11 @@ class Rewarder:
         for scorer in self._scorers.values():
             scorer.close()
         self._scorers.clear()
+
+
+def reward_rollouts(tokenizer, rewarder, trajs: Sequence[Trajectory], rows: Sequence[Mapping[str, Any]]) -> None:
+    """Outcome rewards (Eq. 12) of finished rollouts, from their decoded responses."""
+    if trajs:
+        texts = tokenizer.batch_decode([t.response_ids for t in trajs], skip_special_tokens=False)
+        for t, r in zip(trajs, rewarder(texts, rows)):
+            t.reward = r

@@ -148,3 +148,27 @@ class WriterLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def claim_run(cfg: DictConfig, out: Path, rows, init: str | Path, backend_state: Sequence[str] = ()) -> WriterLock | None:
+    """A training run's folder, claimed as every backend claims it: None when the run is
+    finished (of these settings; of others it refuses); else this process's writer lock, with
+    stale outputs of other settings gone (``backend_state``: the backend's own resumable
+    folders) and provenance written. ``init``: the checkpoint the run starts from, which an RL
+    run needs finished."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from cbpo.provenance import write_provenance
+
+    if cfg.stage == "rl" and not (Path(init) / DONE).is_file():
+        raise FileNotFoundError(f"RL starts from {init}, which is not a finished checkpoint (run stage=sft first)")
+    identity = run_identity(cfg, rows, init)
+    if (out / "final" / DONE).is_file():
+        forget_stale_run(out, identity)  # refuses a finished run of other settings
+        print(f"already finished: {out / 'final'}")
+        return None
+    writer = WriterLock(out)  # one process writes a run; the kernel frees it when this one ends
+    forget_stale_run(out, identity, backend_state)
+    write_provenance(out, cfg, HydraConfig.get().overrides.task)
+    return writer
+

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -24,10 +25,11 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from cbpo.backends import device
-from cbpo.backends.verl.config import VerlConfig
+from cbpo import device
+from cbpo.config import check_slots
 from cbpo.registry import get_method
 from cbpo.stages import RLConfig, SFTConfig
+from cbpo.tools import ToolsConfig
 
 
 # Sections defined here. Their values come from configs/ (no defaults); like every settings
@@ -40,10 +42,7 @@ class RolloutConfig:
     n0: int  # N_0, CBPO's initial parents
 
     def __post_init__(self) -> None:
-        if self.budget < 1:
-            raise ValueError(f"budget must be >= 1, got {self.budget}")
-        if not 0 < self.n0 <= self.budget:
-            raise ValueError(f"n0 must satisfy 0 < n0 <= budget, got n0={self.n0}, budget={self.budget}")
+        check_slots(self.budget, self.n0)
 
 
 @dataclass
@@ -57,24 +56,6 @@ class ScanConfig:
         for name in ("w", "d_min"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-
-
-@dataclass
-class ToolsConfig:
-    """What ``cbpo.tools.build_tools`` reads."""
-
-    python_timeout: float  # sandbox wall seconds per call
-    search_k: int  # snippets per search
-    search_backend: str | None = None  # None: the built-in two-hop corpus
-    search_options: dict[str, Any] = field(default_factory=dict)
-    search_cache: str | None = None  # SQLite file every job searching this backend shares; None: no cache
-    search_cache_seed: str | None = None  # ARPO cache JSON imported into it; None: the data root's, if any
-
-    def __post_init__(self) -> None:
-        if not self.python_timeout > 0:
-            raise ValueError(f"python_timeout must be > 0, got {self.python_timeout}")
-        if self.search_k < 1:
-            raise ValueError(f"search_k must be >= 1, got {self.search_k}")
 
 
 @dataclass
@@ -112,7 +93,7 @@ class PathsConfig:
 
 @dataclass
 class WandbConfig:
-    """What ``cbpo.trainer.open_wandb`` passes to ``wandb.init``."""
+    """What ``cbpo.runlog.open_wandb`` passes to ``wandb.init``."""
 
     enabled: bool
     mode: str
@@ -137,8 +118,8 @@ class Placement:
     dtype: str  # auto | float32 | bfloat16: forward passes (auto: bf16 on a GPU that has it)
 
     def __post_init__(self) -> None:
-        if self.backend not in ("local", "verl"):
-            raise ValueError(f"backend must be 'local' or 'verl', got {self.backend!r}")
+        if self.backend not in BACKEND_PACKAGES:
+            raise ValueError(f"backend must be {' or '.join(map(repr, BACKEND_PACKAGES))}, got {self.backend!r}")
         device.check(self.device, self.dtype)
 
 
@@ -151,8 +132,37 @@ SECTIONS: dict[str, type] = {
     "tools_cfg": ToolsConfig,
     "paths": PathsConfig,
     "wandb": WandbConfig,
-    "verl": VerlConfig,
-}
+}  # and each backend's own (register_backend)
+
+# Backends register themselves as methods do (cbpo.registry): each package below calls
+# register_backend when imported, which the schema does before it is built. The core names the
+# packages and never imports a backend's code: a launcher is "module:function", imported on use.
+BACKEND_PACKAGES = {"local": "cbpo.backends.local", "verl": "cbpo.backends.verl"}
+_LAUNCHERS: dict[str, str] = {}
+
+
+def register_backend(name: str, launch: str, sections: Mapping[str, type] | None = None) -> None:
+    """A backend's launcher, ``"module:function"`` taking ``(cfg, out)`` for one training run
+    (imported on use: verl's import alone costs seconds), and the config sections only it
+    reads (e.g. ``verl``: settings dataclasses, as ``SECTIONS``)."""
+    _LAUNCHERS[name] = launch
+    SECTIONS.update(sections or {})
+
+
+def sections() -> dict[str, type]:
+    """Every config section's settings dataclass, the backends' own included."""
+    for package in BACKEND_PACKAGES.values():
+        importlib.import_module(package)
+    return SECTIONS
+
+
+def backend_launcher(name: str) -> Callable[[DictConfig, Path], None]:
+    """The function that trains one run on backend ``name``."""
+    if name not in BACKEND_PACKAGES:
+        raise ValueError(f"backend must be {' or '.join(map(repr, BACKEND_PACKAGES))}, got {name!r}")
+    importlib.import_module(BACKEND_PACKAGES[name])
+    module, function = _LAUNCHERS[name].split(":")
+    return getattr(importlib.import_module(module), function)
 
 # Settings that moved to the method's config, the one place each is read; the old keys are
 # refused naming the new one (a silently ignored override is the failure this prevents).
@@ -191,7 +201,7 @@ def register() -> None:
     a ``configs/method/<name>.yaml`` (its ``/schema/method/<name>`` default). Only methods that
     can be chosen are imported, so a baseline's module loads only where it has a config."""
     store = ConfigStore.instance()
-    store.store(name="schema", node={key: _schema(cls) for key, cls in SECTIONS.items()})
+    store.store(name="schema", node={key: _schema(cls) for key, cls in sections().items()})
     for path in sorted((CONFIGS / "method").glob("*.yaml")):
         store.store(group="schema/method", name=path.stem, node=_schema(get_method(path.stem).config, name=str))
 
@@ -213,7 +223,7 @@ def build(cls: type, values: Mapping[str, Any], key: str) -> Any:
 
 def settings(cfg: DictConfig, key: str) -> Any:
     """The settings dataclass of section ``key`` (see ``SECTIONS``)."""
-    return build(SECTIONS[key], OmegaConf.to_container(cfg[key], resolve=True, throw_on_missing=True), key)
+    return build(sections()[key], OmegaConf.to_container(cfg[key], resolve=True, throw_on_missing=True), key)
 
 
 def placement(cfg: DictConfig) -> Placement:
@@ -229,7 +239,7 @@ def method_config(cfg: DictConfig) -> Any:
 def validate(cfg: DictConfig) -> None:
     """Every section and the method's config, built once: the first bad value stops the job
     before it reads or writes anything, naming its key."""
-    for key in SECTIONS:
+    for key in sections():
         settings(cfg, key)
     placement(cfg)
     method_config(cfg)

@@ -10,7 +10,7 @@ output, which gets no loss), and a final ``<answer>…\\boxed{…}</answer>``.
 
 A row becomes ``{"id", "question", "answer", "domain", "trace"}`` (the task format of
 ``cbpo.data.read_rows``): ``id`` its position in the upstream file, ``answer`` what the
-evaluation's extractor reads from the trace (``eval.extract``), ``domain`` ``search`` when the
+evaluation's extractor reads from the trace (``eval.verifiers.extract``), ``domain`` ``search`` when the
 trace searches, else ``math`` (SFT does not score, the field only keeps the row readable), and
 the observations sanitised as the agent loop sanitises tool output. A row that does not fit is
 never dropped silently: ``convert`` returns it in ``rejected`` with its id and the reason.
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from cbpo.chat import (TOOL_NAMES, TOOL_TAGS, resolve_system_prompt, sanitise_observation, special_tokens,
-                       split_observations)
+from cbpo.chat import (TOOL_NAMES, TOOL_TAGS, build_prompt, encode_trace, resolve_system_prompt,
+                       sanitise_observation, special_tokens, split_observations)
 from cbpo.data import write_atomically, write_jsonl
 
 _TAG = re.compile("|".join(re.escape(t) for pair in TOOL_TAGS.values() for t in pair))
@@ -149,7 +149,7 @@ def trace_of(output: str) -> tuple[str, str]:
 
 def convert(records: Iterable[Any]) -> Conversion:
     """Every record converted or named in ``rejected``; ids are positions in the input."""
-    from eval.extract import extract_answer  # the evaluation's reading of an answer
+    from eval.verifiers.extract import extract_answer  # the evaluation's reading of an answer
 
     out = Conversion()
     for n, record in enumerate(records):
@@ -174,9 +174,6 @@ def trace_lengths(rows: Iterable[dict], tokenizer, system_prompt: str | None) ->
     """Median, p99 and max token counts of the rows as SFT trains on them (``encode_trace``):
     the whole example, its prompt, the model's own tokens, and each tool observation."""
     import numpy as np
-
-    from cbpo.chat import build_prompt
-    from cbpo.trainer import encode_trace
 
     counts: dict[str, list[int]] = {"example": [], "prompt": [], "model_tokens": [], "observation": []}
     for row in rows:

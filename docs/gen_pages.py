@@ -13,7 +13,7 @@ import mkdocs_gen_files
 
 from cbpo.objective import ObjectiveConfig
 from cbpo.registry import GROUPS, describe, get_method, known_methods
-from cbpo.schema import SECTIONS, config_options
+from cbpo.schema import config_options, sections
 
 
 def method_page(name: str) -> str:
@@ -70,7 +70,7 @@ def configuration_page() -> str:
              "`python -m cbpo.train --cfg job` prints the composed config of any command.\n",
              "Config groups: " + "; ".join(f"`{g}`: {', '.join(f'`{o}`' for o in config_options(g))}"
                                            for g in ("preset", "model", "data", "method")) + ".\n"]
-    for key, cls in SECTIONS.items():
+    for key, cls in sections().items():
         doc = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
         doc = "" if doc.startswith(f"{cls.__name__}(") else doc  # dataclass's generated signature, not a docstring
         parts.append(f"## `{key}` ({cls.__name__})\n\n{doc}\n\n| key | type | default |\n| --- | --- | --- |\n"

@@ -2,7 +2,7 @@
 
 ``score IN.jsonl`` (public contract): each input line is ``{"metric": "math"|"f1"|"em",
 "prediction": str, "gold": str | [str]}``, ``prediction`` being a model's raw final text; the
-answer is extracted from it (``eval.extract``; no answer scores 0) and one ``{"score": float}``
+answer is extracted from it (``eval.verifiers.extract``; no answer scores 0) and one ``{"score": float}``
 line is printed per input line, in order. ``-`` reads standard input.
 """
 from __future__ import annotations
@@ -12,9 +12,9 @@ import json
 import sys
 from typing import Sequence
 
-from eval.extract import extract_answer
-from eval.qa_metrics import exact_match, f1_score
-from eval.verify import score_math
+from eval.verifiers.extract import extract_answer
+from eval.verifiers.qa_metrics import exact_match, f1_score
+from eval.verifiers.verify import score_math
 
 CLI_METRICS = ("math", "f1", "em")
 

@@ -20,29 +20,18 @@ Rows come out as ``{"id", "question", "answer": str | list[str], "domain", "metr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 
 from cbpo.data import DOMAINS, answer_field, id_field, read_jsonl, shared_data_dir, text_field
-from eval.extract import last_boxed
+from eval.verifiers.extract import last_boxed
+from eval.verifiers.scoring import METRICS, Scorer, make_scorer
 
 CONFIG_DIR = Path(__file__).with_name("benchmarks")
-METRICS = ("math", "f1", "em", "judge")
 _CONFIG_KEYS = {"name", "display_name", "domain", "metric", "sources", "judge", "description"}
 _SOURCE_KEYS = {"path", "relative_to", "hub", "config", "split", "fields"}
 _FIELD_KEYS = {"question", "answer", "id", "answer_after", "answer_from"}
-
-Gold = str | Sequence[str]
-
-
-def gold_aliases(gold: Gold) -> list[str]:
-    """A gold answer as its list of accepted strings."""
-    aliases = [gold] if isinstance(gold, str) else [str(g) for g in gold]
-    if not aliases:
-        raise ValueError("gold answer has no aliases (empty list)")
-    return aliases
-
 
 def list_benchmarks() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
@@ -56,6 +45,12 @@ def benchmark_config(name: str) -> dict[str, Any]:
     config = yaml.safe_load(path.read_text())
     _validate(config, path)
     return config
+
+
+def scorer_for(benchmark: str, fallback: str | None = None, workers: int = 2, timeout: float = 5.0) -> Scorer:
+    """The scorer a benchmark's config asks for (its metric; a judge with the config's block)."""
+    config = benchmark_config(benchmark)
+    return make_scorer(config["metric"], config.get("judge"), fallback=fallback, workers=workers, timeout=timeout)
 
 
 def load_benchmark(

@@ -42,7 +42,7 @@ from scipy import stats
 
 from cbpo.data import read_jsonl
 from eval.benchmarks import benchmark_config, list_benchmarks
-from eval.metrics import macro_average
+from eval.verifiers.metrics import macro_average
 
 PAPER_DIR = Path(__file__).with_name("paper")
 AVG = {"math": "Math Avg.", "search": "Search Avg."}
@@ -90,9 +90,9 @@ class Budget:
 
 def method_of(run: str):
     """The method class a run is named after; None for a variant."""
-    from cbpo.registry import METHOD_MODULES, get_method  # method modules load on use
+    from cbpo.registry import get_method, method_names  # method modules load on use
 
-    return get_method(run) if run in METHOD_MODULES else None
+    return get_method(run) if run in method_names() else None
 
 
 def display_name(run: str) -> str:

@@ -17,7 +17,7 @@ from typing import Mapping
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from cbpo.backends.device import resolve_device, resolve_dtype
+from cbpo.device import resolve_device, resolve_dtype
 from cbpo.chat import split_observations
 from cbpo.data import shared_data_dir, write_atomically
 from cbpo.provenance import write_provenance
@@ -26,7 +26,7 @@ from cbpo.registry import known_methods
 from cbpo.schema import config_options, entry_point, settings
 from eval.benchmarks import benchmark_config, list_benchmarks, load_benchmark
 from eval.runner import run_benchmark
-from eval.scoring import make_scorer
+from eval.verifiers.scoring import make_scorer
 
 
 def make_engine(engine: str, checkpoint: Path, device: torch.device, dtype: torch.dtype, temperature: float, seed: int):
@@ -146,7 +146,7 @@ def record(summary: dict, out: str | Path, **fields) -> dict:
 def log_to_wandb(cfg: DictConfig, summary: dict) -> None:
     """The summary's headline numbers as a W&B run of job type ``eval`` in the evaluation
     folder, grouped with the study's training runs (nothing when ``wandb.enabled`` is off)."""
-    from cbpo.trainer import open_wandb
+    from cbpo.runlog import open_wandb
 
     wandb_cfg = OmegaConf.to_container(cfg.wandb, resolve=True)
     wandb_cfg.update(job_type="eval", tags=[*wandb_cfg["tags"], cfg.benchmark])
@@ -197,8 +197,8 @@ def main(cfg: DictConfig) -> None:
 
     from cbpo.chat import resolve_system_prompt
     from cbpo.models import resolve_model
-    from cbpo.tools import build_tools
-    from cbpo.trainer import DONE
+    from cbpo.tasks import environment_tools
+    from cbpo.runs import DONE
 
     if cfg.benchmark not in list_benchmarks():  # named before any checkpoint is looked for
         sys.exit(f"invalid setting: benchmark={cfg.benchmark} is not a benchmark; known: {', '.join(list_benchmarks())}")
@@ -223,7 +223,7 @@ def main(cfg: DictConfig) -> None:
     engine, tokenizer = make_engine(cfg.evaluation.engine, ckpt, device, resolve_dtype(cfg.dtype, device),
                                     cfg.evaluation.temperature, cfg.seed)
     # Every task offers both tools (Sec. 5.1); the built-in corpus serves search offline.
-    tools = build_tools(["python", "search"], cfg.tools_cfg, search_seed=cfg.data.seed, data_root=cfg.data_root)
+    tools = environment_tools(["python", "search"], settings(cfg, "tools_cfg"), cfg.data.seed, cfg.data_root)
     agent_cfg = settings(cfg, "rl").agent
     generate = make_generate(engine, tokenizer, tools, agent_cfg, system_prompt, prefixes)
     scorer = make_scorer(benchmark_config(bench)["metric"], judge_config(cfg), fallback=cfg.judge_fallback)

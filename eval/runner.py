@@ -27,11 +27,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tqdm import tqdm
 
-from cbpo.data import write_atomically
+from cbpo.data import read_appended, write_atomically
 from cbpo.runs import WriterLock
-from eval.extract import extract_answer
-from eval.metrics import bootstrap_ci, mean_pass_at_k, pass_at_1, per_problem_means
-from eval.scoring import make_scorer
+from eval.verifiers.extract import extract_answer
+from eval.verifiers.metrics import bootstrap_ci, mean_pass_at_k, pass_at_1, per_problem_means
+from eval.verifiers.scoring import make_scorer
 
 Generate = Callable[[list[dict], int], list[list[dict]]]
 SAMPLES = "samples.jsonl"
@@ -57,7 +57,7 @@ def run_benchmark(
     ``out_dir/samples.jsonl``), score them, and write and return the summary.
 
     ``scorer(rows, extracted_answers) -> scores`` defaults to the rows' metric
-    (``eval.scoring.make_scorer``; a judge benchmark needs ``scoring.scorer_for``).
+    (``eval.verifiers.scoring.make_scorer``; a judge benchmark needs ``eval.benchmarks.scorer_for``).
     ``threshold`` is the score at which a sample counts as correct for pass@k. ``identity``
     (JSON) names what the samples come from: samples of another identity are regenerated."""
     if not rows:
@@ -185,23 +185,17 @@ def _score_batch(chunk, outputs: list[list[dict]], scorer, scored_by: str) -> li
 
 
 def _read_samples(path: Path, by_id: Mapping[str, Any]) -> dict[tuple[str, int], dict]:
-    """Finished samples by (id, sample index). Every batch ends with a newline, so text after
-    the last newline is a write torn by a kill: it is cut off the file (those samples are
-    generated again). A bad complete line is an error, not something to skip silently."""
+    """Finished samples by (id, sample index). A write torn by a kill is cut off the file
+    (``cbpo.data.read_appended``; those samples are generated again); other damage is an error,
+    not something to skip silently."""
     done: dict[tuple[str, int], dict] = {}
     if not path.exists():
         return done
-    complete, newline, tail = path.read_bytes().rpartition(b"\n")
-    if tail:
+    records, size = read_appended(path, "sample record")
+    if size < path.stat().st_size:
         with path.open("r+b") as handle:
-            handle.truncate(len(complete) + len(newline))
-    for lineno, line in enumerate(complete.split(b"\n") if newline else [], 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            raise ValueError(f"{path}:{lineno}: corrupt sample record (not JSON)") from None
+            handle.truncate(size)
+    for lineno, record in records:
         if not isinstance(record, dict) or not {"id", "sample", "score"} <= set(record):
             raise ValueError(f"{path}:{lineno}: sample record lacks id/sample/score")
         if record["id"] not in by_id:

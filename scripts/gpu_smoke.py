@@ -266,7 +266,7 @@ def engine_checks(args, checks: Checks) -> None:
     from cbpo.rollout.agent import AgentConfig, run_agent
     from cbpo.rollout.vllm_engine import VLLMEngine
     from cbpo.tasks import arith
-    from cbpo.tools import build_tools
+    from cbpo.tools import ToolsConfig, build_tools
     from cbpo.trajectory import Trajectory
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -291,7 +291,7 @@ def engine_checks(args, checks: Checks) -> None:
 
     rows = arith.generate(args.seed, 0, 4)["test"]
     row_of = [row for row in rows for _ in range(args.samples)]
-    tools = build_tools(["python"], {"python_timeout": 10})
+    tools = build_tools(["python"], ToolsConfig(python_timeout=10, search_k=10))
     cfg = AgentConfig(max_new_tokens=args.max_new_tokens, max_total_tokens=args.max_total_tokens)
 
     def rollouts():

@@ -9,6 +9,11 @@ tool format (``<python>…</python>`` or ``<search>…</search>`` → ``<result>
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from cbpo.data import task_file, write_jsonl
+from cbpo.tools import ToolsConfig, build_tools
 
 TASKS = {
     "arith": "cbpo.tasks.arith",
@@ -28,8 +33,33 @@ def get_task(name: str):
     return importlib.import_module(TASKS[name])
 
 
+def generate_task(task: str, data_dir: str | Path, seed: int, n_train: int, n_test: int,
+                  **options: Any) -> dict[str, Path]:
+    """``options``: the data config's ``task_options``, the task generator's own arguments."""
+    splits = get_task(task).generate(seed, n_train, n_test, **options)
+    out = {}
+    for split in ("train", "test"):
+        out[split] = task_file(data_dir, task, split)
+        write_jsonl(out[split], splits[split])
+    return out
+
+
 def has_decisions(name: str) -> bool:
     """Whether ``name`` is a built-in task that marks its decisions (``decision_spans``,
     ``N_DECISIONS``: the fork and chain tasks, ``cbpo.tasks.forks``); any other name, a
     benchmark for instance, is not."""
     return name in TASKS and hasattr(get_task(name), "decision_spans")
+
+
+def environment_tools(names: Sequence[str], tools_cfg: ToolsConfig, seed: int,
+                      data_root: str | Path | None = None) -> dict[str, Callable[[str], str]]:
+    """The tools a run's rollouts call (``cbpo.tools.build_tools``): without a ``search_backend``,
+    search is bm25 over the built-in search tasks' corpus, the two-hop world of ``seed``
+    (``cbpo.tasks.twohop``: the fork and chain search tasks ask the same world)."""
+    corpus = None
+    if "search" in names and tools_cfg.search_backend is None:
+        from cbpo.tasks.twohop import corpus as twohop_corpus
+
+        corpus = twohop_corpus(seed)
+    return build_tools(names, tools_cfg, corpus=corpus, data_root=data_root)
+

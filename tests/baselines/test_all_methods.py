@@ -4,9 +4,9 @@ model token of each rollout."""
 import numpy as np
 import pytest
 
-from cbpo.registry import METHOD_MODULES, collect, get_method, prompt_pool, reward_kl, setup
+from cbpo.registry import collect, get_method, method_names, prompt_pool, reward_kl, setup
 
-TRAINING = [name for name in METHOD_MODULES if get_method(name).trains]
+TRAINING = [name for name in method_names() if get_method(name).trains]
 
 
 @pytest.mark.parametrize("name", TRAINING)

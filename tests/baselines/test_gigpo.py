@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from baselines.gigpo import GiGPO
+from cbpo import registry
 from cbpo.registry import get_method
 
 X, Y = (7, 7), (8,)  # two different tool observations
@@ -41,7 +42,7 @@ def test_step_weight_zero_is_grpo_and_mean_norm_drops_the_std(trajectory):
 def test_collect_samples_budget_independent_rollouts_in_one_call(fake_agent):
     agent = fake_agent(unique_ids=True)
     method = get_method("gigpo")(vocab_size=100, budget=4)
-    groups = method.collect([[1, 2], [3]], agent)
+    groups = registry.collect(method, [[1, 2], [3]], agent, None)  # the default collect
     assert agent.calls == [["parent"] * 8]
     assert [len(g) for g in groups] == [4, 4]
     for g in groups:

@@ -60,7 +60,7 @@ def test_under_the_tiny_preset_gspo_clips_and_trains_otherwise_than_grpo(tokeniz
     from omegaconf import OmegaConf
 
     from cbpo.registry import get_method
-    from cbpo.trainer import policy_update
+    from cbpo.backends.local.rl import policy_update
     from cbpo.trajectory import Trajectory
 
     rng = np.random.default_rng(0)

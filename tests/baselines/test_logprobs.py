@@ -1,7 +1,7 @@
 """Log-probs of a model on finished rollouts' model tokens, through the trainer's padded batches."""
 import numpy as np
 
-from baselines.logprobs import model_token_logprobs
+from cbpo.logprobs import model_token_logprobs
 
 
 def test_padded_micro_batches_give_each_rollouts_own_log_probs(trajectory, policy, tokenizer, logprobs_by_hand):

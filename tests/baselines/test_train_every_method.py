@@ -7,12 +7,13 @@ import zlib
 import pytest
 import torch
 
-from cbpo.registry import METHOD_MODULES, get_method
+from cbpo.registry import get_method, method_names
 from cbpo.rollout.agent import AgentConfig
 from cbpo.stages import RLConfig
-from cbpo.trainer import MetricsLog, rl_train, save_checkpoint
+from cbpo.backends.local.rl import rl_train
+from cbpo.runlog import MetricsLog, save_checkpoint
 
-TRAINING = [name for name in METHOD_MODULES if get_method(name).trains]
+TRAINING = [name for name in method_names() if get_method(name).trains]
 SLOTS = 16
 
 

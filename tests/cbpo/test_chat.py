@@ -138,3 +138,13 @@ def test_sanitising_with_a_real_chatml_tokenizer(smollm2_tokenizer):
     ids = observation_ids(tok, output)
     assert set(added.values()).isdisjoint(ids)
     assert tok.decode(ids).replace("\u200b", "") == visible
+
+
+def test_encode_trace_masks_prompt_and_observations(tokenizer):
+    trace = "<python>print(1 + 2)</python><result>\n3\n</result><answer>\\boxed{3}</answer>"
+    ids, mask = chat.encode_trace(tokenizer, "What is 1 plus 2?", trace)
+    prompt = chat.build_prompt(tokenizer, "What is 1 plus 2?")
+    assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
+    text_of = lambda keep: tokenizer.decode([i for i, m in zip(ids, mask) if m == keep], skip_special_tokens=False)
+    assert "<result>" not in text_of(1) and "3" in text_of(0)[len(tokenizer.decode(prompt)) - 5 :]
+    assert ids[-1] == tokenizer.eos_token_id and mask[-1] == 1

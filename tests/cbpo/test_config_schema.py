@@ -153,3 +153,12 @@ def test_the_run_seed_drives_every_random_choice_of_training(preset, method):
     assert cfg.sft.seed == 3 and cfg.rl.seed == 3
     assert cfg.method.get("seed", 3) == 3
     assert composed(f"preset={preset}", "seed=3", "rl.seed=5").rl.seed == 5  # still a setting of its own
+
+
+def test_backends_register_their_launcher_and_their_own_sections():
+    # the core names backend packages only; each registers itself when the schema loads it
+    assert schema.sections()["verl"].__module__ == "cbpo.backends.verl.config"
+    assert schema.backend_launcher("local").__module__ == "cbpo.backends.local.launch"
+    assert schema.backend_launcher("verl").__name__ == "run_verl"
+    with pytest.raises(ValueError, match="backend must be 'local' or 'verl', got 'gpu'"):
+        schema.backend_launcher("gpu")

@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from cbpo.data import generate_task, load_split, read_rows
+from cbpo.data import load_split, read_rows
+from cbpo.tasks import generate_task
 
 GOOD = {"id": "a-0", "question": "What is 2 + 3?", "answer": "5", "domain": "math", "trace": "<answer>\\boxed{5}</answer>"}
 

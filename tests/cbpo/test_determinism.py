@@ -20,7 +20,8 @@ import torch
 torch.set_num_threads(int(sys.argv[1]))
 from cbpo.models import build_scratch_model, model_spec, train_tokenizer
 from cbpo.stages import SFTConfig
-from cbpo.trainer import MetricsLog, sft
+from cbpo.backends.local.sft import sft
+from cbpo.runlog import MetricsLog
 
 rows = [{"question": f"What is {a} plus {b}?",
          "trace": f"<python>print({a} + {b})</python><result>\\n{a + b}\\n</result><answer>\\\\boxed{{{a + b}}}</answer>"}

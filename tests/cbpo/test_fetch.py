@@ -19,6 +19,7 @@ import torch
 
 from cbpo import fetch, models
 from cbpo.data import read_rows
+from cbpo.prepare import model_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 SFT_ROWS = [
@@ -205,5 +206,5 @@ def test_a_copy_put_in_place_by_hand_is_used_without_the_hub(tmp_path):
 
 
 def test_prepare_fetches_hub_models_through_the_same_path(tmp_path, hub):
-    out = models.prepare_model("qwen3-1.7b", tmp_path / "elsewhere" / "qwen3-1.7b")
+    out = model_folder("qwen3-1.7b", tmp_path / "elsewhere" / "qwen3-1.7b")
     assert (out / "config.json").is_file() and fetch.verify(out) == []

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from cbpo import registry
 from cbpo.registry import get_method, known_methods
 from cbpo.trajectory import Trajectory
 
@@ -67,7 +68,7 @@ def test_cbpo_collect_samples_parents_then_one_batched_call():
 def test_grpo_collects_m_fresh_rollouts_and_broadcasts_advantage():
     calls = []
     grpo = get_method("grpo")(budget=4)
-    groups = grpo.collect([[1], [2]], scripted_sampler(calls))
+    groups = registry.collect(grpo, [[1], [2]], scripted_sampler(calls), None)  # the default collect
     assert len(calls) == 1 and [len(g) for g in groups] == [4, 4]
     for g in groups:
         for t, r in zip(g, [1, 0, 0, 0]):

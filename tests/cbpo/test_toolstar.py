@@ -7,7 +7,7 @@ import pytest
 
 from cbpo.data import read_rows
 from cbpo.toolstar import convert, convert_file, trace_of
-from cbpo.trainer import encode_trace
+from cbpo.chat import encode_trace
 from cbpo.chat import split_observations
 from cbpo.models import train_tokenizer
 

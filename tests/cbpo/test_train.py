@@ -42,7 +42,7 @@ def workdir(tmp_path_factory, prepare):
     work = tmp_path_factory.mktemp("runs")
     prepare(work, sft=False, env=ENV)
     from cbpo.models import load_model
-    from cbpo.trainer import save_checkpoint
+    from cbpo.runlog import save_checkpoint
 
     model, tokenizer = load_model(work / "models" / "tiny")
     save_checkpoint(work / SFT_FINAL, model, tokenizer, {"step": "final"})
@@ -139,7 +139,7 @@ def test_settings_that_do_not_change_weights_keep_the_run(workdir, tmp_path):
 
 def test_identity_follows_the_start_checkpoints_weights_not_its_path(workdir, tmp_path):
     from cbpo.models import load_model
-    from cbpo.trainer import save_checkpoint
+    from cbpo.runlog import save_checkpoint
 
     rows = [{"id": "a", "question": "q", "answer": "1"}]
     model, tokenizer = load_model(workdir / SFT_FINAL)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from eval.verify import MathVerifier
+from eval.verifiers.verify import MathVerifier
 
 
 @pytest.fixture(scope="session")

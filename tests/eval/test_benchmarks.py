@@ -5,7 +5,8 @@ import json
 import pytest
 
 import eval.benchmarks as benchmarks
-from eval.benchmarks import benchmark_config, list_benchmarks, load_benchmark
+from eval.benchmarks import benchmark_config, list_benchmarks, load_benchmark, scorer_for
+from eval.verifiers.judge import JudgeUnavailable
 
 TABLE1 = {
     "aime24": "AIME24", "aime25": "AIME25", "math500": "MATH500", "gsm8k": "GSM8K", "math": "MATH",
@@ -141,3 +142,12 @@ def test_bad_config_is_rejected(tmp_path, monkeypatch):
     (tmp_path / "x.yaml").write_text("name: x\ndisplay_name: X\ndomain: math\nmetric: bleu\nsources: []\n")
     with pytest.raises(ValueError, match="metric 'bleu'"):
         benchmark_config("x")
+
+
+def test_judge_without_endpoint_stops_unless_a_fallback_is_chosen(monkeypatch):
+    monkeypatch.delenv("CBPO_JUDGE_URL", raising=False)
+    with pytest.raises(JudgeUnavailable):
+        scorer_for("webwalker")
+    scorer = scorer_for("webwalker", fallback="f1")
+    assert scorer.metric == "judge" and scorer.used == "f1" and scorer.fallback_used
+    assert scorer([{"question": "q", "answer": ["New York City", "NYC"]}], ["NYC"]) == [1.0]

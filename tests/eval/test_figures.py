@@ -12,7 +12,7 @@ import pytest
 from matplotlib.image import imread
 
 from cbpo.registry import get_method
-from cbpo.trainer import _dump_rollouts
+from cbpo.backends.local.rl import dump_rollouts
 from cbpo.trajectory import Trajectory
 from eval.figures import candidates, dump_response, main, mean_ci, seed_band
 
@@ -46,7 +46,7 @@ def write_cbpo_dump(run: Path) -> None:
     extra = [e for g in cbpo.rollout_info(groups) for e in g]
     flat = [t for g in groups for t in g]
     rows = [{"id": f"p{x}"} for x, g in enumerate(groups) for _ in g]
-    _dump_rollouts(run / "rollouts" / "step_000003.jsonl", flat, ["text"] * len(flat), credits, rows, extra)
+    dump_rollouts(run / "rollouts" / "step_000003.jsonl", flat, ["text"] * len(flat), credits, rows, extra)
     (run / "run_key.json").write_text(json.dumps({"method": dataclasses.asdict(cbpo.cfg), "stage": "rl"}))
 
 

@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,9 +16,9 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_HUB_O
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """The chain tasks' files as data=chains writes them, and a finished random checkpoint."""
-    from cbpo.data import generate_task
+    from cbpo.tasks import generate_task
     from cbpo.models import load_model, prepare_model
-    from cbpo.trainer import save_checkpoint
+    from cbpo.runlog import save_checkpoint
 
     work = tmp_path_factory.mktemp("forced")
     texts = []

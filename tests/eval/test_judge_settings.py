@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 
 from cbpo import schema
 from eval.benchmarks import benchmark_config
-from eval.judge import LLMJudge
+from eval.verifiers.judge import LLMJudge
 from eval.run import judge_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from eval.benchmarks import benchmark_config, load_benchmark, shared_data_dir
-from eval.extract import extract_answer
-from eval.qa_metrics import exact_match, f1_score
+from eval.verifiers.extract import extract_answer
+from eval.verifiers.qa_metrics import exact_match, f1_score
 
 ROWS = {"aime24": 30, "aime25": 30, "math500": 500, "gsm8k": 1319, "webwalker": 200,
         "hotpotqa": 200, "2wiki": 200, "musique": 200, "bamboogle": 125}

@@ -20,9 +20,10 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_HUB_O
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """The arith task files and two finished checkpoints, A and B, of different weights."""
-    from cbpo.data import generate_task, load_split
+    from cbpo.data import load_split
+    from cbpo.tasks import generate_task
     from cbpo.models import load_model, prepare_model
-    from cbpo.trainer import save_checkpoint
+    from cbpo.runlog import save_checkpoint
 
     work = tmp_path_factory.mktemp("eval")
     generate_task("arith", work / "data", seed=0, n_train=40, n_test=10)

@@ -24,7 +24,8 @@ def checkpoint(tmp_path_factory):
     from cbpo.chat import format_observation
     from cbpo.models import load_model, prepare_model
     from cbpo.stages import SFTConfig
-    from cbpo.trainer import MetricsLog, save_checkpoint, sft
+    from cbpo.backends.local.sft import sft
+    from cbpo.runlog import MetricsLog, save_checkpoint
 
     questions = [json.loads(line)["question"] for line in GSM8K.read_text().splitlines()[:LIMIT]]
     trace = f"<python>print(9 * 2)</python>{format_observation('18')}<answer>\\boxed{{18}}</answer>"

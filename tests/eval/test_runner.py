@@ -11,7 +11,7 @@ import time
 import pytest
 
 from eval.runner import run_benchmark
-from eval.scoring import make_scorer
+from eval.verifiers.scoring import make_scorer
 
 ROWS = [{"id": f"q{i}", "question": f"capital {i}?", "answer": [f"city {i}"], "domain": "search", "metric": "f1"}
         for i in range(10)]

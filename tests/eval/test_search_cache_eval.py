@@ -33,7 +33,8 @@ def searcher(tmp_path_factory):
     import torch
 
     from cbpo.models import load_model, prepare_model
-    from cbpo.trainer import encode_trace, save_checkpoint
+    from cbpo.chat import encode_trace
+    from cbpo.runlog import save_checkpoint
 
     work = tmp_path_factory.mktemp("search-eval")
     prepare_model("tiny", work / "prepared", corpus_texts=[*QUESTIONS, TRACE] * 20, seed=0)

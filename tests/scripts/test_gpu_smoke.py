@@ -77,7 +77,8 @@ def test_cpu_mode_passes_every_engine_check_on_vllm(tmp_path):
     import subprocess
     import sys
 
-    from cbpo.data import generate_task, load_split
+    from cbpo.data import load_split
+    from cbpo.tasks import generate_task
     from cbpo.models import prepare_model
 
     generate_task("arith", tmp_path / "data", seed=0, n_train=20, n_test=5)

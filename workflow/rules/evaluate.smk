@@ -12,4 +12,6 @@ rule evaluate:
         # A variant: its method and the overrides it was trained with, under its own run name.
         method=lambda w: method_of(w.run),
         overrides=lambda w: overrides_of(w.run),
-    shell: command("eval.run benchmark={wildcards.benchmark:q} method={params.method:q} run_name={wildcards.run:q}", JOB, "{params.overrides:q} {params.judge:q}")
+        # what a second evaluation of the same checkpoint changes (evaluate_passk, evaluate_forced)
+        evaluation=[],
+    shell: command("eval.run benchmark={wildcards.benchmark:q} method={params.method:q} run_name={wildcards.run:q}", "{params.evaluation:q}", JOB, "{params.overrides:q} {params.judge:q}")

@@ -45,21 +45,14 @@ def figure_command(args):
 
 
 # Pass@3/5 need several sampled answers; the smoke and tiny presets evaluate greedily once.
-rule evaluate_passk:
-    input: rules.evaluate.input
+use rule evaluate as evaluate_passk with:
     output: f"results/raw/{KEY}/{{run}}/{{benchmark}}/pass5/summary.json"
     log: f"logs/{KEY}/passk_{{run}}_{{benchmark}}.log"
     benchmark: f"results/benchmarks/{KEY}/passk_{{run}}_{{benchmark}}.tsv"
-    threads: 1
-    resources: **resources("evaluate")
     params:
-        data_root=DATA_ROOT,
-        method=lambda w: method_of(w.run),
-        overrides=lambda w: overrides_of(w.run),
-        out=lambda w, output: os.path.dirname(output[0]),
-        n=config["figures"]["passk_samples"],
-        temperature=config["figures"]["passk_temperature"],
-    shell: command("eval.run benchmark={wildcards.benchmark:q} method={params.method:q} run_name={wildcards.run:q} eval_out={params.out:q} evaluation.n_samples={params.n:q} evaluation.temperature={params.temperature:q}", JOB, "{params.overrides:q}")
+        evaluation=lambda w, output: [f"eval_out={os.path.dirname(output[0])}",
+                                      f"evaluation.n_samples={config['figures']['passk_samples']}",
+                                      f"evaluation.temperature={config['figures']['passk_temperature']}"],
 
 rule fig2:
     input: trained_runs(["cbpo"])[0]

@@ -8,20 +8,13 @@ STUDY_SEEDS = seed_list("study_seeds")
 FORCED = {b: get_task(b).N_DECISIONS for b in BENCHMARKS if has_decisions(b)}
 
 
-rule evaluate_forced:
-    input: rules.evaluate.input
+use rule evaluate as evaluate_forced with:
     output: f"results/raw/{KEY}/{{run}}/{{benchmark}}/forced{{k}}/summary.json"
     log: f"logs/{KEY}/forced{{k}}_{{run}}_{{benchmark}}.log"
     benchmark: f"results/benchmarks/{KEY}/forced{{k}}_{{run}}_{{benchmark}}.tsv"
     wildcard_constraints: k="[1-9]"
-    threads: 1
-    resources: **resources("evaluate")
     params:
-        data_root=DATA_ROOT,
-        method=lambda w: method_of(w.run),
-        overrides=lambda w: overrides_of(w.run),
-        out=lambda w, output: os.path.dirname(output[0]),
-    shell: command("eval.run benchmark={wildcards.benchmark:q} method={params.method:q} run_name={wildcards.run:q} eval_out={params.out:q} evaluation.forced={wildcards.k:q}", JOB, "{params.overrides:q}")
+        evaluation=lambda w, output: [f"eval_out={os.path.dirname(output[0])}", f"evaluation.forced={w.k}"],
 
 
 def forced_summaries(seeds):

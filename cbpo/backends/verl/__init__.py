@@ -9,3 +9,7 @@ verl's vLLM server plus the top-K entropies Eq. 6 needs (GPU only: it imports vL
 ``launch.py`` is the entry (GPU only). Only ``trainer.py`` and ``server.py`` import verl and Ray
 at module load (verl's import costs seconds), and only the launch and verl's workers import them.
 """
+from cbpo.backends.verl.config import VerlConfig
+from cbpo.schema import register_backend
+
+register_backend("verl", launch="cbpo.backends.verl.launch:run_verl", sections={"verl": VerlConfig})

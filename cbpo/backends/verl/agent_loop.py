@@ -43,7 +43,6 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from cbpo import registry
-from cbpo.backends.verl.credit import OFF_CONTEXT
 from cbpo.rollout.agent import AgentConfig, run_agent
 from cbpo.rollout.engine import Sample, check_sample_args, check_sampling_settings
 from cbpo.rollout.vllm_engine import stop_reason
@@ -214,7 +213,7 @@ def privileged(method, groups: Sequence[list[Trajectory]],
                group: list[Trajectory]) -> dict[int, tuple[list[int], bool]]:
     """The privileged rollouts of ``group``, one of ``groups`` from the method's last collect:
     slot -> (hinted prompt, leaked); none for a method without them."""
-    if method.name not in OFF_CONTEXT:
+    if not method.off_context_credit:
         return {}
     x = next(i for i, g in enumerate(groups) if g is group)
     return {k: (list(p), k in method.last_leaks[x]) for k, p in method.last_hinted[x].items()}

@@ -18,6 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from cbpo.objective import DUAL_CLIP_OFF, clip_ratios
+from cbpo.registry import get_method, verl_estimator
 
 
 @dataclass
@@ -46,14 +47,12 @@ class VerlConfig:
             raise ValueError(f"gpu_memory_utilization must lie in (0, 1), got {self.gpu_memory_utilization}")
 
 
-# verl's own advantage estimator where one computes what the suite's method does; the rest
-# run on the suite's credit alone (credit.py), named so in verl's logs.
-VERL_ESTIMATORS = {"grpo": "grpo", "gspo": "grpo", "dapo": "grpo", "reinforce_pp": "reinforce_plus_plus"}
+# verl's advantage estimator for a method that declares none (registry.register_method's
+# verl_estimator): the suite's credit alone (credit.py), named so in verl's logs
 SUITE_CREDIT = "cbpo_suite_credit"
 AGENT_LOOP = "cbpo_group"  # the M calls of a problem share its group (agent_loop.GroupRollouts)
 AGENT_LOOPS = "agent_loops.yaml"  # in verl's run folder: registers AGENT_LOOP in every agent-loop worker
 AGENT_WORKERS = 8  # verl's default number of agent-loop workers, at most
-DISTILLED = frozenset({"opd"})  # methods whose advantage verl's on-policy distillation computes
 
 
 def verl_yaml() -> Path:
@@ -89,7 +88,7 @@ def overrides(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files
                 **clip_ratios(objective), "clip_ratio_c": DUAL_CLIP_OFF,  # as the local loss
                 "loss_agg_mode": objective.loss_agg_mode,
                 # seq-mean-token-sum-norm's constant: the response budget, as the local trainer's
-                # (trainer.loss_normalisers); verl's default is each micro-batch's padded width
+                # (objective.loss_normalisers); verl's default is each micro-batch's padded width
                 "loss_scale_factor": agent.max_total_tokens,
                 "policy_loss": {"loss_mode": objective.policy_loss},
                 "use_kl_loss": objective.beta > 0, "kl_loss_coef": objective.beta, "kl_loss_type": objective.kl_estimator,
@@ -119,7 +118,7 @@ def overrides(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files
             "ref": {"log_prob_micro_batch_size_per_gpu": verl_cfg.micro_batch_per_gpu},
         },
         "algorithm": {"adv_estimator": estimator(cfg.method.name, method_cfg), **reward_kl(method_cfg)},
-        "distillation": distillation(method_cfg, verl_cfg) if cfg.method.name in DISTILLED else {"enabled": False},
+        "distillation": distillation(method_cfg, verl_cfg) if get_method(cfg.method.name).distilled else {"enabled": False},
         "critic": {"enable": False},
         "trainer": {
             "nnodes": verl_cfg.nodes, "n_gpus_per_node": verl_cfg.gpus_per_node,
@@ -141,9 +140,7 @@ def shape(verl_cfg: VerlConfig) -> str:
 
 
 def estimator(name: str, method_cfg) -> str:
-    if name == "reinforce_pp" and method_cfg.baseline:
-        return "reinforce_plus_plus_baseline"
-    return VERL_ESTIMATORS.get(name, SUITE_CREDIT)
+    return verl_estimator(get_method(name), method_cfg) or SUITE_CREDIT
 
 
 def reward_kl(method_cfg) -> dict:

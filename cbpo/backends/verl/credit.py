@@ -20,15 +20,10 @@ import numpy as np
 import torch
 
 from cbpo import registry
-from cbpo.backends.verl.config import DISTILLED
 from cbpo.trajectory import Trajectory
 
 FIELDS = ("cbpo_index", "cbpo_kind", "cbpo_parent", "cbpo_at", "cbpo_entropies", "cbpo_finish", "cbpo_hinted_prompt",
           "cbpo_leaked")
-# Methods whose privileged rollouts verl's actor rescores in their hinted context before credit
-# (SuiteTrainer.suite_credit): their setup's model work is verl's.
-OFF_CONTEXT = frozenset({"oc_grpo"})
-
 
 def rollout_fields(t: Trajectory, index: int, hinted_prompt: Sequence[int] = (), leaked: bool = False) -> dict:
     """What one rollout's ``AgentLoopOutput.extra_fields`` carries for credit: its index in
@@ -106,7 +101,7 @@ def assign(data, method) -> None:
     method's loss mask into ``response_mask``: a branch's copied prefix gets no loss, as in
     the local trainer."""
     mask = data.batch["response_mask"]
-    if method.name in DISTILLED:
+    if method.distilled:
         # OPD's advantage, log pi_T - log pi_S, is verl's distillation loss's own (config.py), from
         # the teacher's log-probs in the batch; OPD.credit would need a teacher in this process.
         # With use_task_rewards=false verl's PPO loss on these zeros is computed and dropped. OPD

@@ -14,20 +14,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from cbpo.backends.verl import config as verl_config
-from cbpo.backends.verl import credit
 from cbpo.schema import method_config, settings
 
 
-# The suite's own extensions of verl (a registered policy loss): verl imports these modules in
-# every process that imports it (VERL_USE_EXTERNAL_MODULES), Ray's workers on every node included.
-VERL_MODULES = ("baselines.aepo_loss",)
 CPU_MODULE = "cbpo.backends.verl.cpu"
 
 
@@ -44,16 +39,21 @@ def on_cpu() -> bool:
 def unsupported(method) -> str | None:
     """Why the verl backend cannot train ``method``; None when it can."""
     # A setup hook gives a method models for its own steps. verl does that work for the methods
-    # named here: OPD's teacher is verl's distillation, OC-GRPO's rescoring is verl's actor
-    # (credit.OFF_CONTEXT); a method with another setup would miss what it asks for.
-    if hasattr(method, "setup") and method.name not in verl_config.DISTILLED | credit.OFF_CONTEXT:
+    # that declare it (registry.register_method): a distilled method's teacher is verl's
+    # distillation, an off-context method's rescoring is verl's actor; a method with another
+    # setup would miss what it asks for.
+    if hasattr(method, "setup") and not (method.distilled or method.off_context_credit):
         return "needs the policy model in its own steps, which verl keeps in its workers"
     return None
 
 
 def run_verl(cfg: DictConfig, out: Path) -> None:
     out = Path(out).absolute()  # verl's workers on other nodes do not share this process's directory
-    modules = ",".join([*VERL_MODULES, *([CPU_MODULE] if on_cpu() else [])])
+    # the suite's own extensions of verl (a method's policy loss, the CPU platform): verl imports
+    # these modules in every process that imports it (VERL_USE_EXTERNAL_MODULES), Ray's workers
+    # on every node included
+    loss_module = method_config(cfg).objective().policy_loss_module
+    modules = ",".join([*([loss_module] if loss_module else []), *([CPU_MODULE] if on_cpu() else [])])
     os.environ["VERL_USE_EXTERNAL_MODULES"] = modules  # before verl's first import, below
     if on_cpu():
         from cbpo.backends.verl import cpu
@@ -95,9 +95,10 @@ def run_verl(cfg: DictConfig, out: Path) -> None:
                            f"builds .venv-engines on a CPU machine): {'; '.join(lacks)}. "
                            "Use backend=local, or verl.dry_run=true to check the generated config")
     from cbpo.data import load_split
+    from cbpo.runs import claim_run
 
     rows = load_split(cfg.data, cfg.paths.data_dir, "train")
-    writer = claim_run(cfg, out, rows)
+    writer = claim_run(cfg, out, rows, cfg.init, backend_state=["verl"])  # verl resumes any checkpoint there
     if writer is None:
         return
     with writer:
@@ -132,38 +133,11 @@ def fit_prompt_length(generated: DictConfig, cfg: DictConfig, rows) -> None:
 def cpu_overrides(cfg: DictConfig, teacher: bool = False) -> DictConfig:
     """cpu.py's settings for this run (importing cpu.py patches nothing until ``activate``);
     ``teacher``: the run has OPD's teacher servers."""
-    from cbpo.backends.device import resolve_dtype
+    from cbpo.device import resolve_dtype
     from cbpo.backends.verl import cpu
 
     dtype = str(resolve_dtype(cfg.dtype, torch.device("cpu"))).removeprefix("torch.")
     return OmegaConf.create(cpu.config_overrides(dtype, teacher))
-
-
-def claim_run(cfg: DictConfig, out: Path, rows, init: Path | None = None):
-    """The run folder as ``cbpo.train`` keeps it for the local backend: None when the run is
-    finished, else this process's writer lock, with stale outputs of other settings gone and
-    provenance written. ``init``: the checkpoint the run starts from (RL: ``cfg.init``)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from cbpo.provenance import write_provenance
-    from cbpo.runs import DONE, WriterLock, forget_stale_run, run_identity
-
-    if init is None:
-        init = Path(cfg.init)
-        if not (init / DONE).is_file():
-            raise FileNotFoundError(f"RL starts from {init}, which is not a finished checkpoint (run stage=sft first)")
-    identity = run_identity(cfg, rows, init)
-    if (out / "final" / DONE).is_file():
-        forget_stale_run(out, identity)  # refuses a finished run of other settings
-        print(f"already finished: {out / 'final'}")
-        return None
-    writer = WriterLock(out)
-    key = out / "run_key.json"
-    if key.is_file() and json.loads(key.read_text()) != identity:
-        shutil.rmtree(out / "verl", ignore_errors=True)  # verl resumes any checkpoint it finds there
-    forget_stale_run(out, identity)
-    write_provenance(out, cfg, HydraConfig.get().overrides.task)
-    return writer
 
 
 def write_inputs(cfg: DictConfig, generated: DictConfig, rows) -> None:

@@ -3,7 +3,7 @@ FSDP SFT trainer (``verl.trainer.sft_trainer.SFTTrainer``, one process per GPU u
 several nodes through torchrun's rendezvous) on the suite's traces, with the local trainer's
 loss mask, and the local trainer's ``final/`` contract, so RL starts from it unchanged.
 
-The traces are encoded by the local trainer's ``encode_trace`` (the same tokens, loss on model
+The traces are encoded by the suite's ``cbpo.chat.encode_trace`` (the same tokens, loss on model
 tokens only: never a prompt or a tool observation) and handed to verl as its dataset
 (``SuiteSFTDataset``, verl's ``data.custom_cls``, no-padding mode): verl's own loss marks a token
 as the local one does (the mask marks the predicted token; verl shifts it onto its log-probs).
@@ -16,7 +16,6 @@ and its cosine schedule is verl's.
 """
 from __future__ import annotations
 
-import json
 import math
 import socket
 import subprocess
@@ -116,8 +115,7 @@ def write_inputs(cfg: DictConfig, rows, init: Path, out: Path, sft) -> None:
     import pandas as pd
     from transformers import AutoTokenizer
 
-    from cbpo.chat import resolve_system_prompt
-    from cbpo.trainer import encode_trace
+    from cbpo.chat import encode_trace, resolve_system_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(init)
     system_prompt = resolve_system_prompt(cfg.system_prompt)
@@ -184,7 +182,7 @@ def run(out: Path) -> None:
     from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
     from verl.utils.distributed import destroy_global_process_group, initialize_global_process_group
 
-    from cbpo.trainer import MetricsLog, save_checkpoint
+    from cbpo.runlog import MetricsLog, save_checkpoint
 
     verl_dir = out / "verl"
     config = OmegaConf.load(verl_dir / SFT_CONFIG)
@@ -241,11 +239,11 @@ def launch(cfg: DictConfig, out: Path, verl_cfg, on_cpu: bool, env: dict) -> Non
     if verl_cfg.dry_run:
         print(OmegaConf.to_yaml(config))
         return
-    from cbpo.backends.verl.launch import claim_run
+    from cbpo.runs import claim_run
 
     command = torchrun(verl_cfg, out, env)  # before the run is claimed: a missing allocation stops here
     rows = load_split(cfg.data, cfg.paths.data_dir, "sft")
-    writer = claim_run(cfg, out, rows, init)
+    writer = claim_run(cfg, out, rows, init, backend_state=["verl"])
     if writer is None:
         return
     with writer:

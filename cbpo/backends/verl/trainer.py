@@ -43,8 +43,10 @@ from cbpo.chat import build_prompt, resolve_system_prompt
 from cbpo.registry import build_method
 from cbpo.reward import Rewarder
 from cbpo.schema import settings
-from cbpo.tools import SEARCH_STATS, build_tools
-from cbpo.trainer import MetricsLog, _reward, save_checkpoint
+from cbpo.tasks import environment_tools
+from cbpo.tools import SEARCH_STATS
+from cbpo.reward import reward_rollouts
+from cbpo.runlog import MetricsLog, save_checkpoint
 from cbpo.trajectory import Trajectory
 
 SUITE_CONFIG = "suite.yaml"  # beside verl's checkpoints: the run's composed config, read by every process
@@ -184,7 +186,7 @@ class SuiteTrainer(RayPPOTrainer):
         """verl's advantage step (``compute_advantage``'s place): the method's own credit on the
         batch, which also sets the loss mask; verl's estimator is never called. OC-GRPO's
         privileged rollouts are first rescored by the actor in their hinted context."""
-        if self.method.name in credit.OFF_CONTEXT:
+        if self.method.off_context_credit:
             credit.off_context(data, self.method, self.behaviour_log_probs(data))
         credit.assign(data, self.method)
         self._rollouts = step_rollouts(data)
@@ -304,10 +306,10 @@ def group_rollouts(verl_dir: Path, train_files: str, tokenizer, generate, loop, 
     cfg = OmegaConf.load(verl_dir / SUITE_CONFIG)
     method = build_method(cfg, vocab_size=len(tokenizer))
     rl = settings(cfg, "rl")
-    if method.name in credit.OFF_CONTEXT:
+    if method.off_context_credit:
         # no model here: collect samples and flags leaked hints (decoding), the actor rescores
         registry.setup(method, None, tokenizer, rl.temperature)
-    tools = build_tools(cfg.data.tools, cfg.tools_cfg, search_seed=cfg.data.seed, data_root=cfg.data_root)
+    tools = environment_tools(cfg.data.tools, settings(cfg, "tools_cfg"), cfg.data.seed, cfg.data_root)
     rewarder = Rewarder()  # its verifier pool lives as long as the worker
     system_prompt = resolve_system_prompt(cfg.system_prompt)
     # K of Eq. 6 is the method's (CBPO's method.top_k); other methods keep the engine's default
@@ -316,7 +318,7 @@ def group_rollouts(verl_dir: Path, train_files: str, tokenizer, generate, loop, 
         method, tokenizer, tools, rl.agent,
         lambda uid: ServerEngine(generate, loop, uid, **entropy_k, temperature=rl.temperature),
         lambda question: build_prompt(tokenizer, question, system_prompt),
-        lambda trajs, row: _reward(tokenizer, rewarder, trajs, [row] * len(trajs)),
+        lambda trajs, row: reward_rollouts(tokenizer, rewarder, trajs, [row] * len(trajs)),
         budget, training_rows(train_files) if registry.prompt_pool(method) > 1 else (), rl.seed)
 
 

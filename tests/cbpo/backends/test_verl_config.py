@@ -15,6 +15,10 @@ pytest.importorskip("verl")
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 TRAINING = [p.stem for p in sorted((CONFIGS / "method").glob("*.yaml")) if get_method(p.stem).trains]
 
+# the methods whose advantage verl's own estimator computes (each declares it at registration);
+# the others run on the suite's credit
+VERL_ESTIMATORS = {"grpo": "grpo", "gspo": "grpo", "dapo": "grpo", "reinforce_pp": "reinforce_plus_plus"}
+
 
 def generated(tmp_path, *overrides):
     schema.register()
@@ -31,7 +35,7 @@ def test_paper_preset_validates_against_verls_schema_for_every_method(tmp_path, 
     v = generated(tmp_path, f"method={method}", *extra)
     actor, rollout = v.actor_rollout_ref.actor, v.actor_rollout_ref.rollout
     assert rollout.n == 16 and v.data.train_batch_size == 32  # M slots, problems per step
-    assert v.algorithm.adv_estimator == verl_config.VERL_ESTIMATORS.get(method, verl_config.SUITE_CREDIT)
+    assert v.algorithm.adv_estimator == VERL_ESTIMATORS.get(method, verl_config.SUITE_CREDIT)
     assert rollout.agent.default_agent_loop == verl_config.AGENT_LOOP
     assert v.data.train_batch_size % rollout.agent.num_workers == 0  # no problem's group is split over workers
     assert actor.policy_loss.loss_mode == {"gspo": "gspo", "aepo": "aepo_entropy_balanced_clip"}.get(method, "vanilla")
@@ -173,7 +177,7 @@ def test_verls_actor_loss_is_the_local_loss_on_one_batch(tmp_path, method):
     from verl.trainer.ppo import core_algos
     from verl.utils.config import omega_conf_to_dataclass
 
-    import baselines.aepo_loss  # noqa: F401  AEPO's verl policy loss, as verl's processes import it (launch.VERL_MODULES)
+    import baselines.aepo_loss  # noqa: F401  AEPO's verl policy loss, as verl's processes import it (its policy_loss_module)
     from cbpo.objective import policy_objective
 
     schema.register()

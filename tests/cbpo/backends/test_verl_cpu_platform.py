@@ -63,7 +63,8 @@ def test_on_a_gpu_the_launch_never_imports_the_shim(tmp_path):
         launch.on_cpu = lambda: False  # what the launch sees where torch has a GPU
         schema.register()
         with initialize_config_dir("{CONFIGS}", version_base=None):
-            cfg = compose("config", ["stage=rl", "backend=verl", "preset=smoke", "verl.dry_run=true", "verl.gpus_per_node=1"])
+            cfg = compose("config", ["stage=rl", "method=aepo", "backend=verl", "preset=smoke", "verl.dry_run=true",
+                                     "verl.gpus_per_node=1"])
         launch.run_verl(cfg, "{tmp_path}")
         import os
         print("shim" if "cbpo.backends.verl.cpu" in sys.modules else "no-shim", os.environ["VERL_USE_EXTERNAL_MODULES"])

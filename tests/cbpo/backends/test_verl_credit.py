@@ -1,6 +1,6 @@
 """Issue 12 "Done when" (a): on the same batch, the verl path's token advantages and loss masks
 (verl's DataProto, cbpo/backends/verl/credit.py as the trainer subclass calls it) equal the
-local trainer's (cbpo.trainer.rollout_tensors over method.credit). OPD's are verl's
+local trainer's (cbpo.logprobs.rollout_tensors over method.credit). OPD's are verl's
 distillation loss's, from the settings config.py generates, and equal baselines/opd.py's."""
 from types import SimpleNamespace
 
@@ -10,7 +10,7 @@ import torch
 
 from cbpo.backends.verl import credit
 from cbpo.registry import get_method
-from cbpo.trainer import rollout_tensors
+from cbpo.logprobs import rollout_tensors
 
 pytest.importorskip("verl")
 

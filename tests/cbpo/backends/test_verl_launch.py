@@ -25,8 +25,8 @@ pytest.importorskip("verl")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
 
 
-def train(tmp_path, *overrides):
-    return subprocess.run([sys.executable, "-m", "cbpo.train", "stage=rl", "method=cbpo", "preset=paper", "backend=verl",
+def train(tmp_path, *overrides, method="cbpo"):
+    return subprocess.run([sys.executable, "-m", "cbpo.train", "stage=rl", f"method={method}", "preset=paper", "backend=verl",
                            *overrides], capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=300)
 
 
@@ -42,8 +42,12 @@ def test_dry_run_prints_the_validated_verl_config(tmp_path):
     out = train(tmp_path, "verl.dry_run=true", "verl.nodes=2")
     assert out.returncode == 0, out.stderr
     assert "adv_estimator: cbpo_suite_credit" in out.stdout and "nnodes: 2" in out.stdout
-    # every Ray worker imports the suite's verl extensions (AEPO's policy loss), on any node
-    assert "VERL_USE_EXTERNAL_MODULES: baselines.aepo_loss" in out.stdout
+    # every Ray worker imports the suite's verl extensions, on any node: a method's own policy
+    # loss (AEPO's; CBPO's is verl's vanilla)
+    assert "baselines.aepo_loss" not in out.stdout
+    aepo = train(tmp_path, "verl.dry_run=true", method="aepo")
+    assert aepo.returncode == 0, aepo.stderr
+    assert "VERL_USE_EXTERNAL_MODULES: baselines.aepo_loss" in aepo.stdout
     if not torch.cuda.is_available():  # and the CPU platform, in a Ray cluster this process did not start
         assert "VERL_ENGINE_DEVICE: cuda" in out.stdout and "VLLM_CPU_KVCACHE_SPACE: '1'" in out.stdout
     assert [p.name for p in tmp_path.iterdir()] in ([], ["train.log"])  # Hydra's job log only: no run folder

@@ -17,16 +17,16 @@ from hydra import compose, initialize_config_dir
 
 from cbpo import schema
 from cbpo.backends.verl import credit
-from cbpo.backends.verl.config import DISTILLED
 from cbpo.objective import LOSS_AGG_MODES, policy_objective
 from cbpo.registry import get_method, known_methods, reward_kl
-from cbpo.trainer import loss_normalisers, rollout_tensors
+from cbpo.logprobs import rollout_tensors
+from cbpo.objective import loss_normalisers
 from cbpo.trajectory import Trajectory
 
 pytest.importorskip("verl")
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
-RL = [m for m in known_methods() if get_method(m).trains and m not in DISTILLED]
+RL = [m for m in known_methods() if get_method(m).trains and not get_method(m).distilled]
 M, PROBLEMS = 8, 3
 # Observation runs: shared ones give GiGPO's anchor states in several rollouts, the others split them
 OBSERVATIONS = ([1, 2, 1], [1, 3, 1], [2, 4], [1, 2, 2, 2])
@@ -111,7 +111,7 @@ def both_credits(name: str, verl_batch, seed: int):
     """(flat rollouts, local credit tensors, verl batch after ``credit.assign``, verl row of each
     flat rollout) for one random batch; the method's hooks (a KL in the reward, off-context
     weights) fed the same log-probs on both sides."""
-    groups = random_groups(seed, privileged=name in credit.OFF_CONTEXT)
+    groups = random_groups(seed, privileged=get_method(name).off_context_credit)
     flat = [t for g in groups for t in g]
     rng = np.random.default_rng(seed + 100)
     order = rng.permutation(len(flat))  # verl's batch balancing reorders rows
@@ -128,7 +128,7 @@ def both_credits(name: str, verl_batch, seed: int):
     if reward_kl(local) > 0:
         for i, t in enumerate(flat):
             t.ref_kl = ((old - ref)[row_of[i], : len(t.response_ids)].numpy() * np.asarray(t.model_mask)).tolist()
-    if name in credit.OFF_CONTEXT:
+    if get_method(name).off_context_credit:
         index = {id(t): i for i, t in enumerate(flat)}
 
         def on_model_tokens(values, t):
@@ -142,7 +142,7 @@ def both_credits(name: str, verl_batch, seed: int):
     tensors = rollout_tensors(flat, credits, pad_id=0)
 
     remote = get_method(name)(vocab_size=64, **method_overrides(name))
-    if name in credit.OFF_CONTEXT:
+    if get_method(name).off_context_credit:
         credit.off_context(batch, remote, behaviour[credit.privileged_rows(batch)])
     credit.assign(batch, remote)
     return flat, credits, tensors, batch, row_of

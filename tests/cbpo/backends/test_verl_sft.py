@@ -12,7 +12,7 @@ from cbpo.backends.verl import sft  # noqa: E402
 from cbpo.chat import TOOL_TAGS  # noqa: E402
 from cbpo.models import train_tokenizer  # noqa: E402
 from cbpo.stages import SFTConfig  # noqa: E402
-from cbpo.trainer import encode_trace  # noqa: E402
+from cbpo.chat import encode_trace  # noqa: E402
 
 ROWS = [{"question": "What is 12 + 7?", "trace": "<think>add</think><python>print(12 + 7)</python><result>\n19\n</result>"
                                                 "<answer>\\boxed{19}</answer>"},

@@ -23,7 +23,7 @@ from verl.trainer.ppo import ray_trainer  # noqa: E402
 from verl.utils import tracking  # noqa: E402
 
 from cbpo.backends.verl.trainer import SuiteTrainer, draw_fields, rollout_stats, search_fields  # noqa: E402
-from cbpo.trainer import MetricsLog  # noqa: E402
+from cbpo.runlog import MetricsLog  # noqa: E402
 
 # What verl 0.9.1's fit passes to its logger each step: the actor's metrics renamed with
 # "actor/" (ray_trainer._update_actor), timings (metric_utils.compute_timing_metrics) and more.
@@ -117,7 +117,7 @@ def local_record(tmp_path, tokenizer, tiny_causal_lm, method="grpo", **knobs) ->
     metrics line it writes."""
     from cbpo.rollout.agent import AgentConfig
     from cbpo.stages import RLConfig
-    from cbpo.trainer import rl_train
+    from cbpo.backends.local.rl import rl_train
 
     rows = [{"id": "a", "question": "What is 1 plus 2?", "answer": "3", "domain": "math"}]
     cfg = RLConfig(steps=1, problems_per_step=1, agent=AgentConfig(max_new_tokens=4, max_total_tokens=8))

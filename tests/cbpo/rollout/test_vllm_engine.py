@@ -366,7 +366,7 @@ def prompts(tokenizer):
 def test_vllm_logprobs_equal_the_trainers_and_entropies_a_transformers_pass(real, tokenizer):
     import numpy as np
 
-    from cbpo.trainer import rollout_tensors, token_logprobs
+    from cbpo.logprobs import rollout_tensors, token_logprobs
 
     engine, model = real
     start = [Trajectory(prompt_ids=p) for p in prompts(tokenizer) for _ in range(2)]

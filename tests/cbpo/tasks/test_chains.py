@@ -11,7 +11,7 @@ from cbpo.chat import format_observation
 from cbpo.tasks import arith, arith_chain, get_task, search_chain, twohop
 from cbpo.tasks.arith_fork import estimate
 from cbpo.tasks.forks import chain_losers, winning_prefixes
-from eval.extract import extract_answer
+from eval.verifiers.extract import extract_answer
 
 CHAINS = (arith_chain, search_chain)
 CONFIG = yaml.safe_load((Path(__file__).resolve().parents[3] / "configs" / "data" / "chains.yaml").read_text())

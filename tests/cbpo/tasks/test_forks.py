@@ -7,9 +7,10 @@ import pytest
 import yaml
 
 from cbpo.chat import format_observation
-from cbpo.data import generate_task, read_rows
+from cbpo.data import read_rows
+from cbpo.tasks import generate_task
 from cbpo.tasks import arith_fork, get_task, twohop, search_fork
-from eval.extract import extract_answer
+from eval.verifiers.extract import extract_answer
 
 FORKS = (arith_fork, search_fork)
 CONFIG = yaml.safe_load((Path(__file__).resolve().parents[3] / "configs" / "data" / "forks.yaml").read_text())

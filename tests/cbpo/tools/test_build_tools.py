@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from cbpo.tools import build_tools, open_search_cache
+from cbpo.tools import ToolsConfig, build_tools, open_search_cache
 
 ARPO = {"Amy Smart film debut": "Page 1: Amy Smart made her film debut in Campfire Tales (1997)."}
 
@@ -14,8 +14,9 @@ def web_cfg(tmp_path, **extra):
     seed = tmp_path / "arpo.json"
     seed.write_text(json.dumps(ARPO))
     # A key that no server would accept: any query that reaches the network fails.
-    return {"search_k": 10, "search_backend": "web", "search_options": {"api_key": "not-a-key", "timeout": 0.5},
-            "search_cache": str(tmp_path / "cache" / "search_web.sqlite"), "search_cache_seed": str(seed), **extra}
+    return ToolsConfig(**{"python_timeout": 10.0, "search_k": 10, "search_backend": "web",
+                          "search_options": {"api_key": "not-a-key", "timeout": 0.5},
+                          "search_cache": str(tmp_path / "cache" / "search_web.sqlite"), "search_cache_seed": str(seed), **extra})
 
 
 def test_search_reads_the_seeded_shared_cache_and_counts_hits(tmp_path):
@@ -32,7 +33,7 @@ def test_every_job_opens_the_same_file(tmp_path):
 
 
 def test_the_built_in_corpus_has_no_cache(tmp_path):
-    assert open_search_cache({"search_backend": None, "search_cache": str(tmp_path / "c.sqlite")}) is None
+    assert open_search_cache(ToolsConfig(python_timeout=10.0, search_k=10, search_cache=str(tmp_path / "c.sqlite"))) is None
     assert not (tmp_path / "c.sqlite").exists()
 
 
@@ -67,3 +68,15 @@ def test_a_training_step_reports_its_own_searches(tmp_path):
     tools["search"]("Amy Smart film debut")
     assert step_search_stats(tools) == {"search_calls": 2, "search_cache_hits": 2, "search_cache_misses": 0}
     assert step_search_stats({"python": print}) == {}
+
+
+def test_search_without_a_backend_needs_the_tasks_corpus():
+    from cbpo.tasks import environment_tools
+    from cbpo.tasks.twohop import corpus
+
+    cfg = ToolsConfig(python_timeout=10.0, search_k=3)
+    with pytest.raises(ValueError, match="corpus"):
+        build_tools(["search"], cfg)
+    tool = environment_tools(["search"], cfg, seed=0)["search"]  # the built-in tasks' world of seed 0
+    person = corpus(0)[0]["title"]
+    assert person in tool(f"{person} born") and tool.stats()["search_calls"] == 1

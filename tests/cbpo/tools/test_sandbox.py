@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from cbpo.tools import build_tools, sandbox
+from cbpo.tools import ToolsConfig, build_tools, sandbox
 from cbpo.tools.sandbox import (
     MAX_SECONDS,
     SandboxLimits,
@@ -637,7 +637,7 @@ def test_a_refused_fallback_fails_when_the_tools_are_built_and_in_the_cli(
 ):
     monkeypatch.setattr(sandbox, "_detected", "plain")  # as where namespaces are unavailable
     with pytest.raises(SandboxRefused, match="as root"):
-        build_tools(["python"], {"python_timeout": 5.0})
+        build_tools(["python"], ToolsConfig(python_timeout=5.0, search_k=10))
     program = tmp_path / "hello.py"
     program.write_text("print('hi')\n")
     assert cli([str(program)]) == 2

@@ -2,8 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from eval.judge import JudgeUnavailable
-from eval.scoring import make_scorer, scorer_for
+from eval.verifiers.scoring import make_scorer
 
 ROWS = [{"question": "q", "answer": ["New York City", "NYC"]}, {"question": "q", "answer": "4"}]
 
@@ -12,15 +11,6 @@ def test_f1_and_em_scorers():
     assert make_scorer("f1")(ROWS[:1], ["new york"]) == [pytest.approx(0.8)]
     assert make_scorer("em")(ROWS[:1], ["nyc"]) == [1.0]
     assert make_scorer("em")(ROWS[:1], [None]) == [0.0]
-
-
-def test_judge_without_endpoint_stops_unless_a_fallback_is_chosen(monkeypatch):
-    monkeypatch.delenv("CBPO_JUDGE_URL", raising=False)
-    with pytest.raises(JudgeUnavailable):
-        scorer_for("webwalker")
-    scorer = scorer_for("webwalker", fallback="f1")
-    assert scorer.metric == "judge" and scorer.used == "f1" and scorer.fallback_used
-    assert scorer(ROWS[:1], ["NYC"]) == [1.0]
 
 
 def test_bad_metric_and_fallback():

@@ -9,13 +9,13 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping, Sequence
 
-from eval.benchmarks import METRICS, benchmark_config
-from eval.judge import JudgeUnavailable, LLMJudge, judge_from_config
-from eval.qa_metrics import exact_match, f1_score
-from eval.verify import MathVerifier
+from eval.verifiers.judge import JudgeUnavailable, LLMJudge, judge_from_config
+from eval.verifiers.qa_metrics import exact_match, f1_score
+from eval.verifiers.verify import MathVerifier
 
 log = logging.getLogger(__name__)
 
+METRICS = ("math", "f1", "em", "judge")  # what a benchmark can ask for (eval/benchmarks/*.yaml)
 FALLBACK_METRICS = ("f1", "em")
 
 
@@ -81,7 +81,7 @@ def make_scorer(
     if metric in ("f1", "em"):
         return Scorer(metric, metric)
     if judge_config is None:
-        raise ValueError("metric 'judge' needs the benchmark's judge config (use scorer_for(name))")
+        raise ValueError("metric 'judge' needs the benchmark's judge config (eval.benchmarks.scorer_for(name) passes it)")
     try:
         return Scorer(metric, metric, judge=judge_from_config(judge_config))
     except JudgeUnavailable:
@@ -89,9 +89,3 @@ def make_scorer(
             raise
         log.warning("no LLM judge endpoint: scoring with the %s fallback; the column is marked", fallback)
         return Scorer(metric, fallback)
-
-
-def scorer_for(benchmark: str, fallback: str | None = None, workers: int = 2, timeout: float = 5.0) -> Scorer:
-    """The scorer a benchmark's config asks for."""
-    config = benchmark_config(benchmark)
-    return make_scorer(config["metric"], config.get("judge"), fallback=fallback, workers=workers, timeout=timeout)

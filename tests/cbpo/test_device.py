@@ -9,25 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-import cbpo.trainer as trainer
+import cbpo.backends.local.rl as rl
+from cbpo.backends.local.sft import sft
+from cbpo.logprobs import rollout_tensors
+from cbpo.runlog import MetricsLog
 from cbpo import stages
-from cbpo.backends.device import autocast, resolve_device, resolve_dtype
+from cbpo.device import autocast, resolve_device, resolve_dtype
 from cbpo.objective import ObjectiveConfig
 from cbpo.registry import get_method
 from cbpo.rollout.agent import AgentConfig
 from cbpo.trajectory import Trajectory
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from cbpo.models import train_tokenizer
-
-    return train_tokenizer(["<python>print(1 + 2)</python><result>\n3\n</result><answer>\\boxed{3}</answer>", "What is 1 plus 2?"] * 20, 300)
-
-
-@pytest.fixture()
-def model(tokenizer, tiny_causal_lm):
-    return tiny_causal_lm(tokenizer)
 
 
 def test_device_and_dtype_resolution():
@@ -57,23 +48,23 @@ def test_rollout_tensors_land_on_the_device_asked_for():
     credits = [(np.array([0.5, 0.7]), np.array([1, 1]))]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(torch.Tensor, "to", spy)
-        batch = trainer.rollout_tensors([_traj()], credits, pad_id=0, device="cpu")
+        batch = rollout_tensors([_traj()], credits, pad_id=0, device="cpu")
     assert seen == ["cpu"] * 4  # ids, attention, advantages, loss mask: each moved once
     assert all(batch[k].device == torch.device("cpu") for k in ("input_ids", "attention_mask", "advantages", "loss_mask"))
 
 
 def test_policy_update_builds_its_batch_on_the_models_device_and_computes_in_dtype(model, monkeypatch):
     devices, dtypes = [], []
-    build = trainer.rollout_tensors
+    build = rl.rollout_tensors
 
     def recording(*args, **kwargs):
         devices.append(args[3] if len(args) > 3 else kwargs.get("device"))
         return build(*args, **kwargs)
 
-    monkeypatch.setattr(trainer, "rollout_tensors", recording)
+    monkeypatch.setattr(rl, "rollout_tensors", recording)
     model.lm_head.register_forward_hook(lambda _m, _i, out: dtypes.append(out.dtype))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    stats = trainer.policy_update(model, None, opt, [_traj()], [(np.ones(2), np.ones(2))], stages.RLConfig(),
+    stats = rl.policy_update(model, None, opt, [_traj()], [(np.ones(2), np.ones(2))], stages.RLConfig(),
                                   ObjectiveConfig(beta=0.0), 0, torch.bfloat16)
     assert devices == [model.device]
     assert dtypes == [torch.bfloat16]  # the forward ran under bf16 autocast ...
@@ -85,8 +76,8 @@ def test_sft_runs_on_the_models_device_in_dtype(model, tokenizer, tmp_path):
     seen = []
     model.lm_head.register_forward_hook(lambda _m, inputs, out: seen.append((inputs[0].device, out.dtype)))
     rows = [{"question": "What is 1 plus 2?", "trace": "<answer>\\boxed{3}</answer>"}]
-    trainer.sft(model, tokenizer, rows, stages.SFTConfig(steps=1, batch_size=2, warmup_steps=0), tmp_path,
-                trainer.MetricsLog(tmp_path / "m.jsonl"), None, torch.bfloat16)
+    sft(model, tokenizer, rows, stages.SFTConfig(steps=1, batch_size=2, warmup_steps=0), tmp_path,
+                MetricsLog(tmp_path / "m.jsonl"), None, torch.bfloat16)
     assert seen == [(model.device, torch.bfloat16)]
 
 
@@ -96,7 +87,7 @@ def test_autocast_is_off_for_float32():
 
 
 def test_hf_rollouts_sample_on_the_policys_device(model, tokenizer):
-    engine = trainer.rollout_engine(model, tokenizer, stages.RLConfig(), torch.float32, top_k_entropy=3)
+    engine = rl.rollout_engine(model, tokenizer, stages.RLConfig(), torch.float32, top_k_entropy=3)
     assert engine.device == model.device and engine.generator.device == model.device
     assert engine.top_k_entropy == 3
 
@@ -142,8 +133,8 @@ def test_vllm_rollouts_get_the_policys_weights_after_every_update(model, tokeniz
     cfg = stages.RLConfig(steps=2, problems_per_step=1, lr=0.5, engine="vllm", vllm_gpu_memory=0.25,
                            agent=AgentConfig(max_new_tokens=4, max_total_tokens=8))
     rewards = iter([[0.0, 1.0], [1.0, 0.0]])  # a non-zero advantage: every step changes the weights
-    trainer.rl_train(model, tokenizer, method, rows, {}, lambda texts, rows: next(rewards), cfg, tmp_path,
-                     trainer.MetricsLog(tmp_path / "m.jsonl"), None, torch.bfloat16)
+    rl.rl_train(model, tokenizer, method, rows, {}, lambda texts, rows: next(rewards), cfg, tmp_path,
+                     MetricsLog(tmp_path / "m.jsonl"), None, torch.bfloat16)
 
     (llm,) = FakeLLM.instances
     assert llm.kwargs["model"] == str(tmp_path / "init") and llm.kwargs["dtype"] == "bfloat16"

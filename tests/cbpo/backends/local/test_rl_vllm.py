@@ -18,9 +18,10 @@ SFT_FINAL = Path("runs/smoke/tiny/mix/seed0/sft/final")
 def workdir(tmp_path_factory):
     """Small task files and the prepared tiny model (head size 32, which vLLM's CPU attention
     takes) saved as the finished SFT run."""
-    from cbpo.data import generate_task, load_split
+    from cbpo.data import load_split
+    from cbpo.tasks import generate_task
     from cbpo.models import load_model, prepare_model
-    from cbpo.trainer import save_checkpoint
+    from cbpo.runlog import save_checkpoint
 
     work = tmp_path_factory.mktemp("vllm-runs")
     for task in ("arith", "twohop"):
@@ -41,7 +42,7 @@ def trainer_logprobs(checkpoint: Path, dump: Path, data_dir: Path):
     from cbpo.chat import build_prompt
     from cbpo.data import load_split
     from cbpo.models import load_model
-    from cbpo.trainer import rollout_tensors, token_logprobs
+    from cbpo.logprobs import rollout_tensors, token_logprobs
     from cbpo.trajectory import Trajectory
 
     model, tokenizer = load_model(checkpoint)

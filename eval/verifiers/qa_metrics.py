@@ -16,7 +16,7 @@ import string
 import unicodedata
 from collections import Counter
 
-from eval.benchmarks import Gold, gold_aliases
+from eval.verifiers.gold import Gold, gold_aliases
 
 _LATEX_TEXT = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mbox)\s*\{([^{}]*)\}")
 _ARTICLES = re.compile(r"\b(a|an|the)\b")

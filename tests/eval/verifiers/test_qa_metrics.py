@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from eval.qa_metrics import exact_match, f1_score, normalize_answer, tokens
+from eval.verifiers.qa_metrics import exact_match, f1_score, normalize_answer, tokens
 
 
 def test_normalisation_is_squad_style():

@@ -1,4 +1,5 @@
-"""The local backend's device and precision settings (``device``, ``dtype`` in configs/config.yaml)."""
+"""Device and precision settings (``device``, ``dtype`` in configs/config.yaml), read by both
+backends and by evaluation."""
 from __future__ import annotations
 
 import contextlib

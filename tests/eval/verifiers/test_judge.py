@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from eval.benchmarks import benchmark_config
-from eval.judge import JudgeError, JudgeUnavailable, LLMJudge, judge_from_config, parse_verdict
+from eval.verifiers.judge import JudgeError, JudgeUnavailable, LLMJudge, judge_from_config, parse_verdict
 
 
 class FakeJudge(BaseHTTPRequestHandler):

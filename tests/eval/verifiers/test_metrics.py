@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from eval.metrics import bootstrap_ci, macro_average, mean_pass_at_k, pass_at_1, pass_at_k
+from eval.verifiers.metrics import bootstrap_ci, macro_average, mean_pass_at_k, pass_at_1, pass_at_k
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 7])

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from eval.extract import extract_answer, last_boxed
+from eval.verifiers.extract import extract_answer, last_boxed
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass
 from typing import Sequence
 
-from eval.benchmarks import Gold, gold_aliases
+from eval.verifiers.gold import Gold, gold_aliases
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from eval.verify import MathVerifier, Verdict, math_equal, normalise_math_text, score_math
+from eval.verifiers.verify import MathVerifier, Verdict, math_equal, normalise_math_text, score_math
 
 EQUIVALENT = [
     ("0.5", "\\frac{1}{2}"),

@@ -1,4 +1,5 @@
-"""The local trainer's pieces: SFT masks, tensor alignment, one policy update, checkpoints."""
+"""The local backend's RL loop (cbpo/backends/local/rl.py): one policy update, its mini- and
+micro-batches, the problem stream, what the loop takes from the method, rollout dumps."""
 import copy
 import json
 
@@ -6,59 +7,17 @@ import numpy as np
 import pytest
 import torch
 
-from cbpo.chat import build_prompt
+import cbpo.backends.local.rl as rl
+from cbpo.backends.local.rl import policy_update
+from cbpo.logprobs import rollout_tensors, token_logprobs
 from cbpo.objective import LOSS_AGG_MODES, ObjectiveConfig
+from cbpo.runlog import MetricsLog
 from cbpo.stages import RLConfig
-from cbpo.trainer import (
-    DONE,
-    encode_trace,
-    latest_checkpoint,
-    policy_update,
-    rollout_tensors,
-    save_checkpoint,
-    token_logprobs,
-)
 from cbpo.trajectory import Trajectory
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from cbpo.models import train_tokenizer
-
-    texts = ["<think>add</think><python>print(1 + 2)</python><result>\n3\n</result><answer>The answer is \\boxed{3}</answer>", "What is 1 plus 2?"] * 20
-    return train_tokenizer(texts, 300)
-
-
-@pytest.fixture()
-def model(tokenizer, tiny_causal_lm):
-    return tiny_causal_lm(tokenizer)
-
-
-def test_encode_trace_masks_prompt_and_observations(tokenizer):
-    trace = "<python>print(1 + 2)</python><result>\n3\n</result><answer>\\boxed{3}</answer>"
-    ids, mask = encode_trace(tokenizer, "What is 1 plus 2?", trace)
-    prompt = build_prompt(tokenizer, "What is 1 plus 2?")
-    assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
-    text_of = lambda keep: tokenizer.decode([i for i, m in zip(ids, mask) if m == keep], skip_special_tokens=False)
-    assert "<result>" not in text_of(1) and "3" in text_of(0)[len(tokenizer.decode(prompt)) - 5 :]
-    assert ids[-1] == tokenizer.eos_token_id and mask[-1] == 1
 
 
 def _traj(prompt, resp, model_mask):
     return Trajectory(prompt, resp, model_mask, [-1.0] * len(resp), [0.5] * len(resp))
-
-
-def test_rollout_tensors_align_model_tokens(model, tokenizer):
-    a = _traj([5, 6, 7], [8, 9, 10, 11], [True, False, False, True])
-    b = _traj([5], [12, 13], [True, True])
-    batch = rollout_tensors([a, b], [(np.array([0.5, 0.7]), np.array([1, 1])), (np.array([-1.0, 2.0]), np.array([0, 1]))], pad_id=0)
-    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 10, 11], [0, 0, 5, 12, 13, 0, 0]]
-    assert np.allclose(batch["advantages"].numpy(), [[0.5, 0, 0, 0.7], [-1.0, 2.0, 0, 0]])
-    assert batch["loss_mask"].tolist() == [[1, 0, 0, 1], [0, 1, 0, 0]]
-    # Left padding leaves the response log-probs unchanged (position ids from the mask).
-    lp = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["n_resp"])
-    alone = token_logprobs(model, torch.tensor([[5, 12, 13]]), torch.ones(1, 3, dtype=torch.long), 2)
-    assert torch.allclose(lp[1, :2], alone[0], atol=1e-5)
 
 
 def test_policy_update_moves_probability_toward_positive_advantage(model, tokenizer):
@@ -120,17 +79,8 @@ def test_micro_batches_give_the_full_batch_gradient(model, mode):
     assert split_stats["loss"] == pytest.approx(whole_stats["loss"], rel=1e-5)
 
 
-def test_checkpoints_are_atomic_and_latest_wins(tmp_path, model, tokenizer):
-    for step in (2, 10):
-        save_checkpoint(tmp_path / f"step_{step:06d}", model, tokenizer, {"step": step})
-    (tmp_path / "step_000020").mkdir()  # an interrupted save: no DONE marker
-    latest = latest_checkpoint(tmp_path)
-    assert latest.name == "step_000010" and (latest / DONE).is_file()
-    assert not list(tmp_path.glob(".*tmp"))
-
-
 def test_step_problems_walk_epochs_over_the_pool():
-    from cbpo.trainer import step_problems
+    from cbpo.backends.local.rl import step_problems
 
     domains = ["math"] * 40 + ["search"] * 60
     steps = [step_problems(domains, s, 8, 24, seed=1) for s in range(9)]  # 3 steps per epoch
@@ -146,7 +96,7 @@ def test_step_problems_walk_epochs_over_the_pool():
 
 
 def test_stratified_pick_balances_domains_and_is_deterministic():
-    from cbpo.trainer import stratified_pick
+    from cbpo.backends.local.rl import stratified_pick
 
     domains = ["math"] * 90 + ["search"] * 10
     pick = stratified_pick(domains, 8, np.random.default_rng(3))
@@ -156,45 +106,8 @@ def test_stratified_pick_balances_domains_and_is_deterministic():
     assert len(stratified_pick(["a"] * 3, 8, np.random.default_rng(0))) == 3
 
 
-def _sft_params(net, tokenizer, tmp_path, micro_batches):
-    from cbpo.stages import SFTConfig
-    from cbpo.trainer import MetricsLog, sft
-
-    rows = [{"question": f"What is {a} plus {b}?" + " Think." * (a % 4),
-             "trace": f"<python>print({a} + {b})</python><result>\n{a + b}\n</result><answer>\\boxed{{{a + b}}}</answer>"}
-            for a in range(1, 9) for b in range(1, 3)]
-    run = tmp_path / f"mb{micro_batches}"
-    sft(net, tokenizer, rows, SFTConfig(steps=2, batch_size=8, lr=1e-2, warmup_steps=1, micro_batches=micro_batches),
-        run, MetricsLog(run / "m.jsonl"), None)
-    loss = [json.loads(line)["sft_loss"] for line in (run / "m.jsonl").read_text().splitlines()]
-    return torch.cat([p.detach().flatten() for p in net.parameters()]), loss
-
-
-def test_sft_micro_batches_give_the_same_update(tokenizer, tiny_causal_lm, tmp_path):
-    # Splitting the length-sorted batch only removes padding: the token-mean loss and the
-    # step are those of the whole batch.
-    (one, loss_one), (three, loss_three) = (_sft_params(tiny_causal_lm(tokenizer), tokenizer, tmp_path, n) for n in (1, 3))
-    assert torch.allclose(one, three, atol=1e-5)
-    assert loss_one == pytest.approx(loss_three, rel=1e-5) and loss_one[0] > 1.0
-    # Each logged SFT step carries its wall time (the tables' device-hours add them up).
-    records = [json.loads(line) for line in (tmp_path / "mb1" / "m.jsonl").read_text().splitlines()]
-    assert all(r["wall_seconds"] > 0 for r in records)
-
-
-def test_sft_schedule_warms_up_then_decays():
-    from cbpo.stages import SFTConfig
-    from cbpo.trainer import _lr_lambda
-
-    f = _lr_lambda(SFTConfig(steps=110, warmup_steps=10, decay="cosine", min_lr_ratio=0.1))
-    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0) and f(10) == pytest.approx(1.0)
-    assert f(60) == pytest.approx(0.55) and f(110) == pytest.approx(0.1)
-    assert _lr_lambda(SFTConfig(steps=110, warmup_steps=10))(100) == 1.0
-    with pytest.raises(ValueError, match="decay"):
-        _lr_lambda(SFTConfig(decay="linear"))
-
-
 def test_rl_rejects_a_pool_smaller_than_a_step(tmp_path):
-    from cbpo.trainer import MetricsLog, rl_train
+    from cbpo.backends.local.rl import rl_train
 
     rows = [{"question": "q", "domain": "math"}] * 10
     for pool in (4, 11):
@@ -205,13 +118,12 @@ def test_rl_rejects_a_pool_smaller_than_a_step(tmp_path):
 def test_rl_train_takes_the_objective_and_entropy_k_from_the_method(model, tokenizer, tmp_path, monkeypatch):
     # method.beta, method.clip_eps and CBPO's method.top_k are the values the loop uses: the
     # reference model exists because beta > 0, and the engine's entropies keep top_k tokens.
-    import cbpo.trainer as trainer
     from cbpo.registry import get_method
     from cbpo.rollout.agent import AgentConfig
 
     seen = {}
 
-    class RecordingEngine(trainer.HFEngine):
+    class RecordingEngine(rl.HFEngine):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             seen["top_k"] = self.top_k_entropy
@@ -220,13 +132,13 @@ def test_rl_train_takes_the_objective_and_entropy_k_from_the_method(model, token
         seen.update(objective=objective, ref=ref_model)
         return {"loss": 0.0}
 
-    monkeypatch.setattr(trainer, "HFEngine", RecordingEngine)
-    monkeypatch.setattr(trainer, "policy_update", update)
+    monkeypatch.setattr(rl, "HFEngine", RecordingEngine)
+    monkeypatch.setattr(rl, "policy_update", update)
     method = get_method("cbpo")(vocab_size=len(tokenizer), budget=2, n0=1, w=2, d_min=2, top_k=3, beta=0.5, clip_eps=0.3)
     rows = [{"id": "a", "question": "What is 1 plus 2?", "answer": "3", "domain": "math"}]
     cfg = RLConfig(steps=1, problems_per_step=1, agent=AgentConfig(max_new_tokens=4, max_total_tokens=8))
-    trainer.rl_train(model, tokenizer, method, rows, {}, lambda texts, rows: [0.0] * len(texts), cfg, tmp_path,
-                     trainer.MetricsLog(tmp_path / "m.jsonl"), None)
+    rl.rl_train(model, tokenizer, method, rows, {}, lambda texts, rows: [0.0] * len(texts), cfg, tmp_path,
+                     MetricsLog(tmp_path / "m.jsonl"), None)
     assert seen["top_k"] == 3
     assert seen["objective"] == ObjectiveConfig(beta=0.5, clip_eps=0.3)
     assert seen["ref"] is not None
@@ -237,14 +149,11 @@ def test_reinforce_pp_gets_each_rollouts_k1_kl_against_the_reference_before_cred
     # though the method has no KL loss, and before credit each rollout's ref_kl is
     # log pi_old - log pi_ref of its sampled tokens (0 on observations). The reference here is
     # a perturbed copy, so the KL is not zero; it is recomputed by hand from both models.
-    import copy
-
-    import cbpo.trainer as trainer
     from cbpo.registry import get_method
     from cbpo.rollout.agent import AgentConfig
 
     seen = {}
-    real_fill = trainer.fill_ref_kl
+    real_fill = rl.fill_ref_kl
 
     def fill(model, ref_model, trajs, cfg, pad_id, dtype):
         with torch.no_grad():
@@ -257,20 +166,20 @@ def test_reinforce_pp_gets_each_rollouts_k1_kl_against_the_reference_before_cred
         seen.update(objective=objective, credits=credits)
         return {"loss": 0.0}
 
-    monkeypatch.setattr(trainer, "fill_ref_kl", fill)
-    monkeypatch.setattr(trainer, "policy_update", update)
+    monkeypatch.setattr(rl, "fill_ref_kl", fill)
+    monkeypatch.setattr(rl, "policy_update", update)
     method = get_method("reinforce_pp")(vocab_size=len(tokenizer), budget=3)
     rows = [{"id": "a", "question": "What is 1 plus 2?", "answer": "3", "domain": "math"}]
     cfg = RLConfig(steps=1, problems_per_step=1, temperature=1.0, agent=AgentConfig(max_new_tokens=6, max_total_tokens=12))
-    trainer.rl_train(model, tokenizer, method, rows, {}, lambda texts, rows: [1.0, 0.0, 0.0][: len(texts)], cfg, tmp_path,
-                     trainer.MetricsLog(tmp_path / "m.jsonl"), None)
+    rl.rl_train(model, tokenizer, method, rows, {}, lambda texts, rows: [1.0, 0.0, 0.0][: len(texts)], cfg, tmp_path,
+                     MetricsLog(tmp_path / "m.jsonl"), None)
     assert seen["objective"].beta == 0.0 and seen["ref"] is not None
     t = seen["trajs"][0]
     ids = torch.tensor([t.prompt_ids + t.response_ids])
     mask = torch.ones_like(ids)
     with torch.no_grad():
-        by_hand = (trainer.token_logprobs(model, ids, mask, len(t.response_ids))
-                   - trainer.token_logprobs(seen["ref"], ids, mask, len(t.response_ids)))[0].numpy()
+        by_hand = (token_logprobs(model, ids, mask, len(t.response_ids))
+                   - token_logprobs(seen["ref"], ids, mask, len(t.response_ids)))[0].numpy()
     np.testing.assert_allclose(t.ref_kl, by_hand * np.asarray(t.model_mask), atol=1e-5)
     assert np.abs(t.ref_kl).max() > 1e-3 and all(len(c[0]) == u.n_model_tokens for c, u in zip(seen["credits"], seen["trajs"]))
 
@@ -280,7 +189,7 @@ def test_rollouts_are_dumped_every_kth_step_and_at_the_last(model, tokenizer, tm
     # the figures read) instead of every one.
     from cbpo.registry import get_method
     from cbpo.rollout.agent import AgentConfig
-    from cbpo.trainer import MetricsLog, rl_train
+    from cbpo.backends.local.rl import rl_train
 
     rows = [{"id": "a", "question": "What is 1 plus 2?", "answer": "3", "domain": "math"}]
     cfg = RLConfig(steps=5, problems_per_step=1, dump_rollouts=True, dump_every=2,
@@ -295,7 +204,6 @@ def test_rollouts_are_dumped_every_kth_step_and_at_the_last(model, tokenizer, tm
 
 def test_dumped_rollouts_keep_the_engines_logprobs_aligned_with_the_tokens(model, tokenizer, tmp_path, monkeypatch):
     # The credit lab reads the decision-token probability from these log-probs.
-    import cbpo.trainer as trainer
     from cbpo.registry import get_method
     from cbpo.rollout.agent import AgentConfig
 
@@ -305,12 +213,12 @@ def test_dumped_rollouts_keep_the_engines_logprobs_aligned_with_the_tokens(model
         sampled.extend(trajs)
         return {"loss": 0.0}
 
-    monkeypatch.setattr(trainer, "policy_update", update)
+    monkeypatch.setattr(rl, "policy_update", update)
     rows = [{"id": "a", "question": "What is 1 plus 2?", "answer": "3", "domain": "math"}]
     cfg = RLConfig(steps=1, problems_per_step=1, dump_rollouts=True, agent=AgentConfig(max_new_tokens=6, max_total_tokens=8))
     method = get_method("grpo")(vocab_size=len(tokenizer), budget=2)
-    trainer.rl_train(model, tokenizer, method, rows, {}, lambda texts, rows: [0.0] * len(texts), cfg, tmp_path,
-                     trainer.MetricsLog(tmp_path / "m.jsonl"), None)
+    rl.rl_train(model, tokenizer, method, rows, {}, lambda texts, rows: [0.0] * len(texts), cfg, tmp_path,
+                     MetricsLog(tmp_path / "m.jsonl"), None)
     dumped = [json.loads(line) for line in (tmp_path / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
     assert len(dumped) == len(sampled) == 2
     for row, t in zip(dumped, sampled):
@@ -319,18 +227,3 @@ def test_dumped_rollouts_keep_the_engines_logprobs_aligned_with_the_tokens(model
         model_lp = [lp for lp, m in zip(row["logprob"], row["model_mask"]) if m]
         assert model_lp == pytest.approx(np.asarray(t.logprobs)[t.model_positions()], abs=1e-5)
         assert all(lp < 0 for lp in model_lp)
-
-
-def test_a_run_named_by_a_long_override_still_opens_its_wandb_run(tmp_path, monkeypatch):
-    # Found on real verl: OPD's run named by method.teacher=PATH is an 86-character tag, and W&B
-    # refuses any tag over 64 characters, and with it the run.
-    import wandb
-
-    from cbpo.trainer import open_wandb, wandb_tag
-
-    seen = {}
-    monkeypatch.setattr(wandb, "init", lambda **kwargs: seen.update(kwargs))
-    long = "opd-teacher_tmp_pytest-of-root_pytest-14_verl_cpu0_runs_smoke_tiny_mix_seed0_sft_final"
-    open_wandb({"enabled": True, "tags": [long, "smoke"]}, tmp_path)
-    assert [len(t) for t in seen["tags"]] == [64, 5] and seen["tags"][0].startswith("opd-teacher_tmp")
-    assert wandb_tag(long) != wandb_tag(long.replace("14", "15")) and wandb_tag("smoke") == "smoke"

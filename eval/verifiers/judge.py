@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 import requests
 
-from eval.benchmarks import Gold, gold_aliases
+from eval.verifiers.gold import Gold, gold_aliases
 
 ENV_URL = "CBPO_JUDGE_URL"
 ENV_MODEL = "CBPO_JUDGE_MODEL"
