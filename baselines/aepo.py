@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from baselines._tree import fill_to_budget, fresh, step_starts
+from baselines.agent_steps import fill_to_budget, fresh, step_starts
 from baselines.arpo import check_branching, entropy_branching, step_entropy
 from cbpo.credit import grpo_advantages
 from cbpo.objective import ObjectiveConfig

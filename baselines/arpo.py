@@ -10,7 +10,7 @@ Implemented (official code, RUC-NLPIR/ARPO ``vllm_rollout_with_tools.py``):
 - at each tool boundary b of a rollout (its own, after its branch point), with
   dH = H(step that ended in the call) - H_init, up to beam_size - 1 branches are drawn, each with
   probability P = clip(tau + beta dH, 0, 1) while the problem has slots left; a branch keeps the
-  exact prefix through the tool result (tokens, masks, tool-call count: ``baselines._tree.fork``)
+  exact prefix through the tool result (tokens, masks, tool-call count: ``baselines.agent_steps.fork``)
   and resamples from b; branches branch in turn;
 - slots left when no rollout can branch are spent on fresh complete rollouts (kind "fill");
 - credit: soft attribution, the code's default: every rollout is a full sequence with its own
@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from baselines._tree import fill_to_budget, fork, fresh, step_starts
+from baselines.agent_steps import fill_to_budget, fork, fresh, step_starts
 from cbpo.credit import grpo_advantages
 from cbpo.objective import ObjectiveConfig
 from cbpo.registry import Sampler, TokenCredit, broadcast, register_method

@@ -11,7 +11,7 @@ Implemented (official code, YubaoZhao/BranPO ``agent_branch_engine.py`` and
   steps | acc = 1: 1 attempt, last step | acc < 0.5, wrong: 2 attempts each at 1, then 2, then 3
   trailing steps | acc <= 0.75 or wrong: 2 attempts at 1, then 2 | otherwise none;
   a truncated ("length") rollout is not branched. An attempt keeps the exact prefix
-  (``baselines._tree.fork``) and regenerates the tail; attempts stop at the first contrastive one:
+  (``baselines.agent_steps.fork``) and regenerates the tail; attempts stop at the first contrastive one:
   the reward crosses 0.8 either way, or, only when 0.5 < acc < 1, both are correct with equal
   reward and the branch takes fewer (preferred) or more (rejected) steps; the original tail gets
   the opposite preference. A branch ending in "length" or "turns" never contrasts.
@@ -43,7 +43,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from baselines._tree import fill_to_budget, fork, fresh, step_starts
+from baselines.agent_steps import fill_to_budget, fork, fresh, step_starts
 from cbpo.credit import grpo_advantages
 from cbpo.objective import ObjectiveConfig
 from cbpo.registry import Problems, Sampler, TokenCredit, register_method

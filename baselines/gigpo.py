@@ -2,7 +2,7 @@
 Training", arXiv 2505.10978): GRPO's episode-level group plus step-level groups of actions taken
 from the same recurring environment state (an *anchor state*), with no extra rollouts.
 
-Implemented, per step k of rollout i (a model turn, see ``baselines._tree``):
+Implemented, per step k of rollout i (a model turn, see ``baselines.agent_steps``):
 - episode advantage A^E_i = (R_i - mean) / (std + eps) over the problem's M rollouts, one value
   per rollout as in the paper (the verl-agent code weights the statistics by step rows);
 - discounted step return R^(i)_k = gamma^(T_i - 1 - k) R_i (outcome reward on the last step only);
@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from baselines._tree import grouped_advantages, observation_before, step_starts
+from baselines.agent_steps import grouped_advantages, observation_before, step_starts
 from cbpo.objective import ObjectiveConfig
 from cbpo.registry import TokenCredit, register_method
 from cbpo.trajectory import Trajectory

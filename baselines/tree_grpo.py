@@ -6,7 +6,7 @@ credited relative to its own tree and to every leaf of the problem.
 Implemented (official code, AMAP-ML/Tree-GRPO): M trees per problem, each started by one complete
 chain; L rounds in which every tree expands N nodes drawn uniformly with replacement from its root
 and its non-leaf step nodes (the points where the model resumes after a tool observation), each
-expansion a complete continuation of the node's exact prefix (``baselines._tree.fork``; the root
+expansion a complete continuation of the node's exact prefix (``baselines.agent_steps.fork``; the root
 expansion is a fresh chain of the same tree); rewards on the leaves; A = A_inter + A_intra with
 A_inter = GRPO over all leaves of the problem and A_intra = GRPO over the leaves of the same tree.
 Every leaf trains as its whole root-to-leaf sequence, so a copied prefix keeps loss and the leaf's
@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from baselines._tree import fork, fresh, grouped_advantages
+from baselines.agent_steps import fork, fresh, grouped_advantages
 from cbpo.credit import grpo_advantages
 from cbpo.objective import ObjectiveConfig
 from cbpo.registry import Sampler, TokenCredit, broadcast, register_method

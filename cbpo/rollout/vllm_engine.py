@@ -127,12 +127,10 @@ class VLLMEngine:
         stop_token_ids: Iterable[int] = frozenset(),
         stop_strings: Sequence[str] = (),
     ) -> list[Sample]:
-        """Continue every context until a stop token, EOS, a stop string or its token cap.
-
-        Same contract as ``HFEngine.sample``: ``max_new_tokens`` is one cap for all rows or one
-        per row (a row with cap 0 returns an empty "length" sample and is not sent to vLLM); a
-        token both in ``stop_token_ids`` and an EOS reports "stop_token".
-        """
+        """``HFEngine.sample``'s contract, in one ``vllm.LLM.generate`` call: ``max_new_tokens``
+        is one cap for all rows or one per row (a row with cap 0 returns an empty "length" sample
+        and is not sent to vLLM); a token both in ``stop_token_ids`` and an EOS reports
+        "stop_token"."""
         n = len(contexts)
         budgets, stop_strings = check_sample_args(contexts, max_new_tokens, stop_strings)
         stop_ids = frozenset(int(t) for t in stop_token_ids)

@@ -30,7 +30,7 @@ import random
 from cbpo.chat import TOOL_TAGS, format_observation
 from cbpo.tasks.forks import chain_decisions, chain_losers
 from cbpo.tasks.search_fork import CLAIM, wrong_claim
-from cbpo.tasks.twohop import CHAINS, Chain, World, _mentions, _page_of, fact_sentence, search_tool, split_questions, world
+from cbpo.tasks.twohop import CHAINS, Chain, World, mentions, page_of, fact_sentence, search_tool, split_questions, world
 
 # Per decision, first action tag -> (kind, wins). Python cannot find a fact.
 KINDS = (
@@ -57,7 +57,7 @@ def _row(seed: int, chain: Chain, start: str, claim: str, loses_at: int | None, 
             break
         found = tool(entity)
         # The trace must follow from the observation the environment returns.
-        if not (_page_of(found, entity) and _mentions(found, found_name)):
+        if not (page_of(found, entity) and mentions(found, found_name)):
             raise RuntimeError(f"bm25 top-{tool.k} misses {entity!r}'s page for {chain.name} from {start!r}")
         text += (f"{search[0]}{entity}{search[1]}{format_observation(found)}"
                  f"{think[0]}{fact_sentence(found, entity, found_name)}{think[1]}")

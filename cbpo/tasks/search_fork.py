@@ -30,7 +30,7 @@ from typing import Callable, NamedTuple
 
 from cbpo.chat import TOOL_TAGS, format_observation
 from cbpo.tasks.forks import decision, first_action_decision, losing_rows
-from cbpo.tasks.twohop import World, _mentions, _page_of, fact_sentence, search_tool, split_questions, world
+from cbpo.tasks.twohop import World, mentions, page_of, fact_sentence, search_tool, split_questions, world
 
 
 class Hop(NamedTuple):
@@ -87,7 +87,7 @@ def _row(seed: int, hop: Hop, start: str, claim: str, loses: bool, w: World, too
     else:
         found = tool(start)
         # The trace must follow from the observation the environment returns.
-        if not (_page_of(found, start) and _mentions(found, answer)):
+        if not (page_of(found, start) and mentions(found, answer)):
             raise RuntimeError(f"bm25 top-{tool.k} misses {start!r}'s page for {hop.name}")
         trace = (f"{plan}{search[0]}{start}{search[1]}{format_observation(found)}"
                  f"{think[0]}{fact_sentence(found, start, answer)}{think[1]}"

@@ -147,12 +147,12 @@ CHAINS: tuple[Chain, ...] = (
 )
 
 
-def _page_of(observation: str, entity: str) -> bool:
+def page_of(observation: str, entity: str) -> bool:
     """Whether the observation contains ``entity``'s own passage (it opens with the name)."""
     return any(line.split(": ", 1)[-1].startswith(f"{entity} ") for line in observation.splitlines())
 
 
-def _mentions(observation: str, entity: str) -> bool:
+def mentions(observation: str, entity: str) -> bool:
     return re.search(rf"\b{entity}\b", observation) is not None
 
 
@@ -160,8 +160,8 @@ def fact_sentence(observation: str, entity: str, answer: str) -> str:
     """The sentence of ``entity``'s page in ``observation`` that states ``answer``, to restate
     before the next step: a name then follows the same words as on the page, which a small
     model copies far more reliably than a name recalled across the observation."""
-    page = next(line.split(": ", 1)[-1] for line in observation.splitlines() if _page_of(line, entity))
-    return next(s.strip() + "." for s in page.split(".") if _mentions(s, entity) and _mentions(s, answer))
+    page = next(line.split(": ", 1)[-1] for line in observation.splitlines() if page_of(line, entity))
+    return next(s.strip() + "." for s in page.split(".") if mentions(s, entity) and mentions(s, answer))
 
 
 def _row(seed: int, chain: Chain, start: str, w: World, tool: SearchTool) -> dict:
@@ -169,8 +169,8 @@ def _row(seed: int, chain: Chain, start: str, w: World, tool: SearchTool) -> dic
     answer = chain.hop2(w, bridge)
     first, second = tool(start), tool(bridge)
     # Every question must be answerable from the observations the environment will return.
-    if not (_page_of(first, start) and _page_of(second, bridge)
-            and _mentions(first, bridge) and _mentions(second, answer)):
+    if not (page_of(first, start) and page_of(second, bridge)
+            and mentions(first, bridge) and mentions(second, answer)):
         raise RuntimeError(f"two-hop world {seed}: bm25 top-{tool.k} misses a passage for "
                            f"{chain.name} from {start!r} via {bridge!r}")
     think, search, ans = TOOL_TAGS["think"], TOOL_TAGS["search"], TOOL_TAGS["answer"]

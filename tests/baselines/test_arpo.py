@@ -4,7 +4,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from baselines._tree import step_starts
+from baselines.agent_steps import step_starts
 from baselines.arpo import ARPO, branch_probability, decision_points, step_entropy
 from cbpo.registry import get_method
 from cbpo.trajectory import Trajectory
