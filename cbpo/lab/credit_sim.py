@@ -25,6 +25,9 @@ softmax along the tabular policy gradient. The methods:
   and resample the rest; fillers; ``cbpo.credit.assign_credit`` (Eqs. 13-19).
 - ``cbpo-boundary``: CBPO with ``candidates=tool_boundary`` and alpha = 0.3 > kappa, the
   suite's variant that scans only where the model resumes after a tool observation.
+- ``cbpo-alive``: ``cbpo-boundary`` offered only the tool boundaries whose prefix no
+  observation has shown to be dead: a wrong choice's observation shows the dead end with
+  probability ``reveal``. Not the paper's CBPO: an extension that reads the observations.
 - ``random``: CBPO's budget split and credit, with branch points drawn uniformly over the
   response: a control for where branches start.
 - ``oracle``: CBPO's credit, with each branch started at the parent's first wrong decision, so
@@ -74,14 +77,15 @@ class World:
     exec_entropy: float = 0.5  # nats per execution token (the engine's top-K entropy)
     exec_success: float = 1.0  # chance that one segment's execution succeeds
     start: float = 0.5  # probability of the right choice at every decision before training
+    reveal: float = 1.0  # chance that a wrong choice's tool observation shows the dead end
     reward: str = "all"  # all | fraction
     vocab: int = 32000  # |V| of Eq. 6's normalisation
 
     def __post_init__(self) -> None:
         if self.decisions < 1 or self.choices < 2 or self.execution < 0:
             raise ValueError("need decisions >= 1, choices >= 2 and execution >= 0")
-        if not 0 < self.start < 1 or not 0 < self.exec_success <= 1:
-            raise ValueError("start must lie in (0, 1) and exec_success in (0, 1]")
+        if not 0 < self.start < 1 or not 0 < self.exec_success <= 1 or not 0 <= self.reveal <= 1:
+            raise ValueError("start must lie in (0, 1), exec_success in (0, 1] and reveal in [0, 1]")
         if self.reward not in REWARDS:
             raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
 
@@ -163,12 +167,19 @@ def branch(world: World, choices: np.ndarray, executed: np.ndarray, b: int, prob
 BranchPoints = Callable[[World, np.ndarray, np.ndarray, np.ndarray, int, np.random.Generator], list[tuple[int, int]]]
 
 
-def planned_points(cfg: CBPOConfig) -> BranchPoints:
-    """CBPO's Stage 1 (``plan_branches``) on the parents' entropies."""
+def planned_points(cfg: CBPOConfig, alive_only: bool = False) -> BranchPoints:
+    """CBPO's Stage 1 (``plan_branches``) on the parents' entropies. ``alive_only`` (tool
+    boundaries only) offers each parent only the boundaries that resample its first dead end
+    that an observation showed, or an earlier decision: a branch then never keeps a choice its
+    own context already shows to be wrong."""
 
     def points(world, probs, choices, executed, slots, rng):
         ent = token_entropies(world, probs)
         bounds = [world.positions[1:].tolist()] * len(choices) if cfg.candidates == "tool_boundary" else None
+        if alive_only:
+            shown = (choices != 0) & (rng.random(choices.shape) < world.reveal)  # dead ends the observations show
+            last = [int(np.argmax(row)) if row.any() else world.decisions - 1 for row in shown]
+            bounds = [world.positions[1 : last[i] + 1].tolist() for i in range(len(choices))]
         plan = plan_branches([ent] * len(choices), world.vocab, cfg, bounds, budget=len(choices) + slots)
         return plan.branches
 
@@ -192,6 +203,7 @@ METHODS: dict[str, BranchPoints | None] = {
     "grpo": None,
     "cbpo": planned_points(CBPOConfig()),
     "cbpo-boundary": planned_points(CBPOConfig(candidates="tool_boundary", alpha=0.3)),
+    "cbpo-alive": planned_points(CBPOConfig(candidates="tool_boundary", alpha=0.3), alive_only=True),
     "random": random_points,
     "oracle": oracle_points,
 }
@@ -340,6 +352,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--start", type=float, default=World.start, help="probability of the right choice before training")
     parser.add_argument("--execution", type=int, default=World.execution, help="model tokens of execution after each decision")
     parser.add_argument("--exec-entropy", type=float, default=World.exec_entropy, help="entropy of an execution token (nats)")
+    parser.add_argument("--reveal", type=float, default=World.reveal,
+                        help="chance that a wrong choice's tool observation shows the dead end (cbpo-alive reads it)")
     parser.add_argument("--exec-success", type=float, default=World.exec_success, help="chance one segment's execution succeeds")
     parser.add_argument("--lr", type=float, default=Training.lr, help="step size of the tabular policy gradient")
     parser.add_argument("--max-steps", type=int, default=Training.max_steps, help="updates before a run gives up")
@@ -352,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
     training = Training(lr=args.lr, max_steps=args.max_steps, report_at=args.report_at)
     worlds = [World(decisions=d, choices=k, execution=args.execution, exec_entropy=args.exec_entropy,
-                    exec_success=args.exec_success, start=args.start, reward=reward)
+                    exec_success=args.exec_success, start=args.start, reward=reward, reveal=args.reveal)
               for d in args.decisions for k in args.choices for reward in args.reward.split(",")]
     cells = [(world, method) for world in worlds for method in methods]
     t0 = time.perf_counter()
@@ -365,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             for i, (world, method) in enumerate(cells)]
     print(markdown(rows))
     settings = {**dataclasses.asdict(World()), **dataclasses.asdict(training)}
-    print(f"\n{args.seeds} seeds; start={args.start}, execution={args.execution} tokens "
+    print(f"\n{args.seeds} seeds; start={args.start}, reveal={args.reveal}, execution={args.execution} tokens "
           f"({args.exec_entropy} nats, success {args.exec_success}), problems={settings['problems']} x "
           f"budget={settings['budget']}, lr={args.lr}, target={settings['target']}; "
           f"{time.perf_counter() - t0:.0f} s")

@@ -73,3 +73,13 @@ def test_the_command_prints_a_row_per_setting_and_method(capsys):
     assert "2 seeds" in out
     with pytest.raises(SystemExit):
         credit_sim.main(["--methods", "grpo,nope"])
+
+
+def test_branching_only_where_no_observation_shows_a_dead_end():
+    # cbpo-alive offers plan_branches only the tool boundaries before a dead end an observation
+    # shows: with every dead end shown no branch keeps a wrong choice; with none shown it is
+    # cbpo-boundary
+    shown = train(World(decisions=4, choices=3, reveal=1.0), "cbpo-alive", QUICK, seed=0)
+    assert shown.branches > 0 and shown.below_failed == 0 and shown.at_decision == shown.branches
+    hidden = train(World(decisions=4, choices=3, reveal=0.0), "cbpo-alive", QUICK, seed=0)
+    assert hidden.below_failed > 0
