@@ -87,7 +87,36 @@ def check_sample_args(
     return budgets, stop_strings
 
 
-class HFEngine:
+class SamplingEngine:
+    """The ``sample`` contract every rollout engine keeps (``HFEngine``, ``VLLMEngine``): the
+    arguments are checked here, once, and an engine implements ``_sample`` on checked ones."""
+
+    max_context: int | None = None  # context + continuation the model takes; None: no limit checked
+
+    def sample(
+        self,
+        contexts: Sequence[Sequence[int]],
+        max_new_tokens: int | Sequence[int],
+        stop_token_ids: Iterable[int] = frozenset(),
+        stop_strings: Sequence[str] = (),
+    ) -> list[Sample]:
+        """Continue every context until a stop token, EOS, a stop string or its token cap.
+
+        ``max_new_tokens`` is one cap for all rows or one per row (a row with cap 0 returns an
+        empty "length" sample). Stop strings serve tokenizers whose tags are several tokens;
+        they are matched on the decoded tail, so a match may start inside the context but must
+        end in a newly sampled token. A token both in ``stop_token_ids`` and an EOS reports
+        "stop_token".
+        """
+        budgets, stop_strings = check_sample_args(contexts, max_new_tokens, stop_strings, self.max_context)
+        return self._sample(contexts, budgets, frozenset(int(t) for t in stop_token_ids), stop_strings)
+
+    def _sample(self, contexts: Sequence[Sequence[int]], budgets: list[int], stop_ids: frozenset[int],
+                stop_strings: tuple[str, ...]) -> list[Sample]:
+        raise NotImplementedError
+
+
+class HFEngine(SamplingEngine):
     """Samples continuations of many token contexts in one batch.
 
     ``generator`` seeds sampling: a ``torch.Generator`` (on ``device``), an int seed, or None
@@ -145,24 +174,10 @@ class HFEngine:
         self.pad_token_id = pad if pad is not None else min(self.eos_token_ids, default=0)
         self._stop_string_vocab: dict[tuple[str, ...], torch.Tensor] = {}
 
-    def sample(
-        self,
-        contexts: Sequence[Sequence[int]],
-        max_new_tokens: int | Sequence[int],
-        stop_token_ids: Iterable[int] = frozenset(),
-        stop_strings: Sequence[str] = (),
-    ) -> list[Sample]:
-        """Continue every context until a stop token, EOS, a stop string or its token cap.
-
-        ``max_new_tokens`` is one cap for all rows or one per row (a row with cap 0 returns an
-        empty "length" sample). Stop strings serve tokenizers whose tags are several tokens;
-        they are matched on the decoded tail, so a match may start inside the context but must
-        end in a newly sampled token. A token both in ``stop_token_ids`` and an EOS reports
-        "stop_token".
-        """
-        budgets, stop_strings = check_sample_args(contexts, max_new_tokens, stop_strings, self.max_context)
+    def _sample(self, contexts, budgets, stop_ids, stop_strings) -> list[Sample]:
+        """All rows in one running batch (see :meth:`batch`)."""
         samples = [Sample() for _ in contexts]
-        with self.batch(stop_token_ids, stop_strings) as batch:
+        with self.batch(stop_ids, stop_strings) as batch:
             for i, (ctx, cap) in enumerate(zip(contexts, budgets)):
                 batch.admit(i, ctx, cap)
             while batch:

@@ -1,4 +1,4 @@
-"""vLLM rollout engine for GPUs, behind ``HFEngine.sample``'s interface (cbpo/rollout/engine.py).
+"""vLLM rollout engine for GPUs, behind ``SamplingEngine.sample``'s interface (cbpo/rollout/engine.py).
 
 Every call is one ``LLM.generate`` over all contexts, given as token prompts, so a CBPO branch
 continuation (Sec. 4.2) is just another prompt; with prefix caching on, a branch's prefix (the
@@ -58,14 +58,14 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
-from cbpo.rollout.engine import Sample, check_sample_args, check_sampling_settings
+from cbpo.rollout.engine import Sample, SamplingEngine, check_sampling_settings
 
 _VLLM_DEFAULT_MAX_LOGPROBS = 20
 
 
-class VLLMEngine:
+class VLLMEngine(SamplingEngine):
     """Samples continuations of many token contexts in one ``vllm.LLM.generate`` call.
 
     ``model`` is a Hugging Face id or path for ``vllm.LLM``; ``tokenizer`` is the matching
@@ -120,21 +120,10 @@ class VLLMEngine:
             )
         self.llm = llm
 
-    def sample(
-        self,
-        contexts: Sequence[Sequence[int]],
-        max_new_tokens: int | Sequence[int],
-        stop_token_ids: Iterable[int] = frozenset(),
-        stop_strings: Sequence[str] = (),
-    ) -> list[Sample]:
-        """``HFEngine.sample``'s contract, in one ``vllm.LLM.generate`` call: ``max_new_tokens``
-        is one cap for all rows or one per row (a row with cap 0 returns an empty "length" sample
-        and is not sent to vLLM); a token both in ``stop_token_ids`` and an EOS reports
-        "stop_token"."""
+    def _sample(self, contexts, budgets, stop_ids, stop_strings) -> list[Sample]:
+        """Every row with a token to sample in one ``vllm.LLM.generate`` call; a row with cap 0
+        is not sent to vLLM."""
         n = len(contexts)
-        budgets, stop_strings = check_sample_args(contexts, max_new_tokens, stop_strings)
-        stop_ids = frozenset(int(t) for t in stop_token_ids)
-
         samples = [Sample() for _ in range(n)]
         active = [i for i in range(n) if budgets[i] > 0]
         if not active:

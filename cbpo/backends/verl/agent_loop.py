@@ -5,7 +5,7 @@ verl asks its agent loop for one output per batch row, and repeats each problem
 first call for a uid runs the method's own ``collect`` (parents, exact-prefix branches,
 fillers, in-loop scoring) with the suite's agent loop and tools, the M calls share it, and
 call k returns rollout k. The rollouts are therefore built by the same code as on the local
-backend; only the engine differs: ``ServerEngine`` serves ``HFEngine.sample``'s contract from
+backend; only the engine differs: ``ServerEngine`` serves ``SamplingEngine.sample``'s contract from
 verl's server, one request per context, so a branch is its parent's token ids up to the
 boundary (never re-tokenised text) and a copied tool call is never run again.
 
@@ -38,13 +38,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import numpy as np
 
 from cbpo import registry
 from cbpo.rollout.agent import AgentConfig, run_agent
-from cbpo.rollout.engine import Sample, check_sample_args, check_sampling_settings
+from cbpo.rollout.engine import Sample, SamplingEngine, check_sampling_settings
 from cbpo.rollout.vllm_engine import stop_reason
 from cbpo.tools import step_search_stats
 from cbpo.trajectory import Trajectory
@@ -58,8 +58,8 @@ BATCH_ROWS = "cbpo_batch_rows"  # the training-row indices of the step's whole b
 DRAW_STATS = ("kept_groups", "extra_rollouts", "extra_generated_tokens", "extra_tool_calls")
 
 
-class ServerEngine:
-    """``HFEngine.sample`` over an async ``generate(request_id, *, prompt_ids, sampling_params)``
+class ServerEngine(SamplingEngine):
+    """``SamplingEngine.sample`` over an async ``generate(request_id, *, prompt_ids, sampling_params)``
     (verl's ``LLMServerClient``) running on ``loop``; ``sample`` is called from another thread
     (the method's collect) and waits for all of one round's requests, sent concurrently."""
 
@@ -71,10 +71,7 @@ class ServerEngine:
         # vLLM refuses two live requests with one id; the problem's prefix keeps them together in logs
         self._ids = (f"{request_prefix}-{n}" for n in itertools.count())
 
-    def sample(self, contexts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
-               stop_token_ids: Iterable[int] = frozenset(), stop_strings: Sequence[str] = ()) -> list[Sample]:
-        budgets, stop_strings = check_sample_args(contexts, max_new_tokens, stop_strings)
-        stop_ids = frozenset(int(t) for t in stop_token_ids)
+    def _sample(self, contexts, budgets, stop_ids, stop_strings) -> list[Sample]:
         samples = [Sample() for _ in contexts]
         active = [i for i, cap in enumerate(budgets) if cap > 0]
         requests = [self._one(i, list(contexts[i]), budgets[i], stop_ids, stop_strings) for i in active]
