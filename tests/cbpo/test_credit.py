@@ -124,9 +124,12 @@ def test_pairwise_identity_eq25_and_unbiasedness_eq26():
     assert samples.std(axis=1).__pow__(2).mean() == pytest.approx((n - 1) / n * q * (1 - q), abs=3e-3)
 
 
+# Advantages are (R - mean) / (std + eps), never subnormal. At A = 5e-324 the float step is A itself,
+# so A - eta C rounds to 0 and the sign "flips" to 0: hypothesis drew that case in one main-tier run
+# of six (a test failing at random), so the property is stated for normal floats.
 @settings(max_examples=300, deadline=None)
 @given(
-    st.lists(st.floats(-50, 50, allow_nan=False), min_size=1, max_size=40),
+    st.lists(st.floats(-50, 50, allow_nan=False, allow_subnormal=False), min_size=1, max_size=40),
     st.floats(-100, 100, allow_nan=False),
     st.floats(0, 1.99),
     st.floats(0.01, 10),
