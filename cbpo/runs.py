@@ -171,4 +171,3 @@ def claim_run(cfg: DictConfig, out: Path, rows, init: str | Path, backend_state:
     forget_stale_run(out, identity, backend_state)
     write_provenance(out, cfg, HydraConfig.get().overrides.task)
     return writer
-

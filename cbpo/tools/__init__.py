@@ -55,7 +55,7 @@ class ToolsConfig:
 
     python_timeout: float  # sandbox wall seconds per call
     search_k: int  # snippets per search
-    search_backend: str | None = None  # None: the built-in two-hop corpus
+    search_backend: str | None = None  # None: bm25 over the task's own corpus (build_tools' corpus)
     search_options: dict[str, Any] = field(default_factory=dict)
     search_cache: str | None = None  # SQLite file every job searching this backend shares; None: no cache
     search_cache_seed: str | None = None  # ARPO cache JSON imported into it; None: the data root's, if any

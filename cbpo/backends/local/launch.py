@@ -38,19 +38,18 @@ def run_local(cfg: DictConfig, out: Path) -> None:
         log = MetricsLog(out / "metrics.jsonl", cfg.wandb, OmegaConf.to_container(cfg, resolve=True))
         t0 = time.perf_counter()
         try:
+            model, tokenizer = load_model(init)
+            model.to(device)  # before the method's setup hook: OPD's teacher follows the policy's device
+            system_prompt = resolve_system_prompt(cfg.system_prompt)
             if stage == "sft":
-                model, tokenizer = load_model(init)
-                model.to(device)
-                sft(model, tokenizer, rows, settings(cfg, "sft"), out, log, resolve_system_prompt(cfg.system_prompt), dtype)
-            elif stage == "rl":
-                model, tokenizer = load_model(init)
-                model.to(device)  # before the method's setup hook: OPD's teacher follows the policy's device
+                sft(model, tokenizer, rows, settings(cfg, "sft"), out, log, system_prompt, dtype)
+            else:
                 method = build_method(cfg, vocab_size=len(tokenizer))
                 tools = environment_tools(cfg.data.tools, settings(cfg, "tools_cfg"), cfg.data.seed, cfg.data_root)
                 rewarder = Rewarder()
                 try:
                     rl_train(model, tokenizer, method, rows, tools, rewarder, settings(cfg, "rl"), out, log,
-                             resolve_system_prompt(cfg.system_prompt), dtype)
+                             system_prompt, dtype)
                 finally:
                     rewarder.close()
         finally:
