@@ -50,7 +50,6 @@ tasks.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
@@ -378,10 +377,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = [summarise(world, method, runs[i * args.seeds : (i + 1) * args.seeds], training)
             for i, (world, method) in enumerate(cells)]
     print(markdown(rows))
-    settings = {**dataclasses.asdict(World()), **dataclasses.asdict(training)}
     print(f"\n{args.seeds} seeds; start={args.start}, reveal={args.reveal}, execution={args.execution} tokens "
-          f"({args.exec_entropy} nats, success {args.exec_success}), problems={settings['problems']} x "
-          f"budget={settings['budget']}, lr={args.lr}, target={settings['target']}; "
+          f"({args.exec_entropy} nats, success {args.exec_success}), problems={training.problems} x "
+          f"budget={training.budget}, lr={args.lr}, target={training.target}; "
           f"{time.perf_counter() - t0:.0f} s")
 
 
