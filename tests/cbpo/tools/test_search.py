@@ -15,7 +15,6 @@ from cbpo.tools.search import (
     SearchTool,
     SerperBackend,
     format_results,
-    load_corpus,
     make_backend,
     parse_observation,
 )
@@ -55,24 +54,6 @@ def test_parse_observation_inverts_format_results():
     observation = format_results([{"title": "", "text": "first page"}, {"title": "", "text": "second"}])
     assert [p["text"] for p in parse_observation(observation)] == ["first page", "second"]
     assert parse_observation(NO_RESULTS) == []
-
-
-def test_load_corpus_reads_jsonl_and_names_bad_lines(tmp_path):
-    good = tmp_path / "corpus.jsonl"
-    good.write_text("\n".join(json.dumps(p) for p in PASSAGES) + "\n\n")
-    assert load_corpus(good) == PASSAGES
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps(PASSAGES[0]) + "\n{not json\n")
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):
-        load_corpus(bad)
-    with pytest.raises(ValueError, match="'title' and 'text'"):
-        load_corpus([{"id": 1, "text": "no title"}])
-    with pytest.raises(ValueError, match="duplicate passage id 'p1'"):
-        load_corpus([PASSAGES[0], PASSAGES[0]])
-    with pytest.raises(ValueError, match="is empty"):
-        load_corpus([])
-    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
-        load_corpus(tmp_path / "missing.jsonl")
 
 
 def test_registry_knows_the_four_backends():

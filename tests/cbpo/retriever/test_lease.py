@@ -1,0 +1,69 @@
+"""Jobs share one server per index and machine; it stops when the last lease is gone."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from cbpo.retriever.lease import health, lease_server, serving_dir
+from cbpo.tools.search import SearchTool
+
+
+def wait_for(condition, seconds=30):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def server_pid(folder):
+    states = list(serving_dir(folder).glob("*.json"))
+    return json.loads(states[0].read_text())["pid"] if states else None
+
+
+def test_leases_share_one_server_which_stops_after_the_last(bm25_index):
+    first = lease_server(bm25_index, idle=1.0)
+    second = lease_server(bm25_index, idle=1.0)
+    assert first.url == second.url and health(first.url)["corpus_sha"] == first.meta["corpus_sha"]
+    pid = server_pid(bm25_index)
+    first.release()
+    time.sleep(2.0)
+    assert health(second.url) is not None  # one lease left: still up
+    second.release()
+    wait_for(lambda: health(second.url) is None)
+    assert server_pid(bm25_index) is None
+    wait_for(lambda: subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0)
+
+
+def test_a_killed_jobs_lease_is_dropped(bm25_index):
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from cbpo.retriever.lease import lease_server; "
+        f"lease_server({str(bm25_index)!r}, idle=1.0); print('leased', flush=True); time.sleep(600)")],
+        stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "leased"
+    url = json.loads(next(serving_dir(bm25_index).glob("*.json")).read_text())["url"]
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    wait_for(lambda: health(url) is None)
+
+
+def test_the_http_backend_leases_a_server_for_an_index(bm25_index, corpus_file):
+    tool = SearchTool("http", k=3, index=str(bm25_index))
+    assert tool.backend.lease is not None and tool.backend.cache_id.startswith("http:bm25:")
+    assert tool("w001 w017") == SearchTool("bm25", k=3, corpus=corpus_file)("w001 w017")
+    tool.backend.lease.release()
+    with pytest.raises(ValueError, match="not both"):
+        SearchTool("http", url="http://127.0.0.1:1/retrieve", index=str(bm25_index))
+
+
+def test_a_server_that_cannot_start_says_why(tmp_path, bm25_index):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "meta.json").write_text((bm25_index / "meta.json").read_text())  # no index files
+    with pytest.raises(RuntimeError, match="exited .* before answering"):
+        lease_server(broken, idle=1.0, timeout=60)
+    assert not list((serving_dir(broken) / "leases").rglob("*-*"))
