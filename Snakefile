@@ -8,9 +8,10 @@ configfile: os.path.join(workflow.basedir, "workflow", "config.yaml")
 include: "workflow/rules/common.smk"
 
 # Cheap steps stay on the submitting machine under a cluster profile.
-localrules: all, ablations, data, table1, table2, table3, boundary, figures, fig2, fig4, fig5, curves, credit_lab, index, site, seeds, seeds_table1, seeds_credit_lab, seeds_forced
+localrules: all, ablations, data, retriever_corpus, table1, table2, table3, boundary, figures, fig2, fig4, fig5, curves, credit_lab, index, site, seeds, seeds_table1, seeds_credit_lab, seeds_forced
 
 include: "workflow/rules/prepare.smk"
+include: "workflow/rules/retriever.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"

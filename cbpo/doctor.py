@@ -91,23 +91,62 @@ def check_files(data: Mapping, root: Path, wf: Mapping, models_dir: Path, models
     return problems
 
 
-def check_search(cfg, env: Mapping[str, str], reachable: Callable[[str], str | None]) -> list[Problem]:
+def check_search(cfg, env: Mapping[str, str], reachable: Callable[[str], str | None],
+                 wf: Mapping | None = None, serves: Callable[[Path], str | None] | None = None) -> list[Problem]:
+    """The search the study's jobs will use: the workflow's ``search_backend`` (with
+    ``search_url``, or the DAG's retrieval index) over the Hydra config's. An index that exists
+    must be servable (``serves``: a leased server answers); one that does not is built by the
+    DAG, from a corpus that must be there or fetchable."""
     if "search" not in (cfg.data.get("tools") or []):
         return []
-    backend = cfg.tools_cfg.search_backend
+    wf = wf or {}
+    backend = wf.get("search_backend") or cfg.tools_cfg.search_backend
     if backend == "web" and not env.get("SERPER_API_KEY"):
         return [Problem("search", "tools_cfg.search_backend=web and SERPER_API_KEY is not set",
-                        "export SERPER_API_KEY=... (serper.dev), or use a retrieval server: tools_cfg.search_backend=http "
-                        "tools_cfg.search_options.url=http://HOST:PORT/retrieve")]
-    if backend == "http":
-        url = (cfg.tools_cfg.get("search_options") or {}).get("url")
-        if not url:
-            return [Problem("search", "tools_cfg.search_backend=http without tools_cfg.search_options.url",
-                            "set tools_cfg.search_options.url=http://HOST:PORT/retrieve")]
+                        "export SERPER_API_KEY=... (serper.dev), or search with no key: snakemake --config search_backend=http "
+                        "(the suite's retrieval server, docs/retriever.md)")]
+    if backend != "http":
+        return []
+    options = cfg.tools_cfg.get("search_options") or {}
+    url = wf.get("search_url") or (None if wf.get("search_backend") else options.get("url"))
+    index = None if url else options.get("index")
+    if not url and not index and wf.get("search_backend") == "http":
+        retriever = wf.get("retriever") or {"corpus": "small", "kind": "bm25"}
+        index = f"data/retriever/{retriever['corpus']}-{retriever['kind']}"
+        if not (Path(index) / "meta.json").is_file():
+            from cbpo.data import shared_data_dir
+            from cbpo.fetch import corpus_item
+
+            item = corpus_item(retriever["corpus"], shared_data_dir(cfg.data_root))
+            if item is not None and not item.target.is_file() and not item.has_local_copy():
+                return [Problem("search", f"the retrieval corpus {retriever['corpus']} is not in the data root ({item.target})",
+                                f"the study's fetch job downloads it where the hub is reachable; by hand: {item.manual}")]
+            return []  # the DAG's retriever rule builds the index
+    if url:
         error = reachable(url)
-        if error:
-            return [Problem("search", f"the retrieval server {url} does not answer ({error})", "start it, or fix the url")]
-    return []
+        return [Problem("search", f"the retrieval server {url} does not answer ({error})", "start it, or fix the url")] if error else []
+    if not index:
+        return [Problem("search", "tools_cfg.search_backend=http without a retrieval server",
+                        "++tools_cfg.search_options.url=http://HOST:PORT/retrieve (a running server) or "
+                        "++tools_cfg.search_options.index=FOLDER (python -m cbpo.retriever index CORPUS FOLDER); "
+                        "in a study: --config search_backend=http")]
+    error = (serves or _serves)(Path(index))
+    return [Problem("search", f"the retrieval index {index} cannot be served ({error})",
+                    f"rebuild it: python -m cbpo.retriever index CORPUS.jsonl {index}")] if error else []
+
+
+def _serves(index: Path) -> str | None:
+    """None when a server on ``index`` answers (this machine's, leased for the check), else why not."""
+    from cbpo.retriever.lease import health, lease_server
+
+    try:
+        lease = lease_server(index, idle=5.0, timeout=120.0)
+    except Exception as error:  # no index, a server that exits: say which
+        return f"{type(error).__name__}: {str(error).splitlines()[0]}"
+    try:
+        return None if health(lease.url) else "its /health does not answer"
+    finally:
+        lease.release()
 
 
 def check_judge(wf: Mapping, benchmarks: list[str], env: Mapping[str, str], reachable: Callable[[str], str | None]) -> list[Problem]:
@@ -266,7 +305,7 @@ def diagnose(overrides: list[str], configfile: Path, partition: str | None, acco
 
     files = check_files(OmegaConf.to_container(cfg.data, resolve=True), shared_data_dir(cfg.data_root), wf,
                         Path(cfg.paths.models_dir), models)
-    problems = [*files, *check_search(cfg, env, reachable),
+    problems = [*files, *check_search(cfg, env, reachable, wf),
                 *check_judge(wf, benchmarks, env, reachable)]
     slurm, notes = check_slurm(wf, partition, account, run, gpus_of)
     problems += [*slurm, *check_disk(cfg, wf, Path(cfg.paths.runs_dir), 1 + len(methods))]

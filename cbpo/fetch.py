@@ -8,7 +8,10 @@ An item is one input the DAG waits for (its ``target``):
 - ``benchmark=NAME``: a benchmark whose local file is missing, written there from its hub
   source with ``datasets`` (only where both sources read the same fields: MATH);
 - ``model=NAME``: a hub model of ``cbpo.models.MODELS`` (the Qwen3 backbones, OPD's teacher)
-  into ``<models dir>/NAME/`` with its ``cbpo_model.json`` card.
+  into ``<models dir>/NAME/`` with its ``cbpo_model.json`` card;
+- ``corpus=wiki18``: Search-R1's wiki-18 passages (21M, ``wiki-18.jsonl.gz``) into
+  ``<data root>/upstream/wiki-18-corpus/``, unpacked into ``<data root>/search/wiki-18.jsonl``
+  for the retrieval server's index (``cbpo.retriever``).
 
 A local copy put in place by hand (the upstream file, a downloaded model folder) is used as it is
 and only checksummed. Before downloading anything the hub is asked about every item still to
@@ -109,6 +112,20 @@ def model_item(name: str, models_dir: Path, folder: Path | None = None) -> Item 
                 "the fetch step then checksums it and writes its card")
 
 
+CORPORA = {"wiki18": ("PeterJinGo/wiki-18-corpus", "wiki-18.jsonl.gz", "search/wiki-18.jsonl")}
+
+
+def corpus_item(name: str, root: Path) -> Item | None:
+    """A retrieval corpus from the hub (``CORPORA``); None for one the suite builds itself."""
+    if name not in CORPORA:
+        return None
+    repo, file, target = CORPORA[name]
+    local = Path(root) / "upstream" / repo.split("/")[-1] / file
+    return Item(f"corpus={name}", repo, "dataset", Path(root) / target, local,
+                f"hf download {repo} {file} --repo-type dataset --local-dir {local.parent} (about 14 GB unpacked; "
+                f"or copy the file there); the fetch step then unpacks it into {Path(root) / target}")
+
+
 def study_items(data: str, benchmarks: Iterable[str], models: Iterable[str], root: Path, models_dir: Path) -> list[Item]:
     """Every hub input of a study: its SFT traces, benchmarks and models (backbone, teacher)."""
     items = [sft_item(data, root), *(benchmark_item(b, root) for b in benchmarks),
@@ -123,9 +140,9 @@ def missing(items: Iterable[Item]) -> list[Item]:
 def parse_item(text: str, root: Path, models_dir: Path) -> Item:
     kind, _, name = text.partition("=")
     make = {"sft": lambda: sft_item(name, root), "benchmark": lambda: benchmark_item(name, root),
-            "model": lambda: model_item(name, models_dir)}
+            "model": lambda: model_item(name, models_dir), "corpus": lambda: corpus_item(name, root)}
     if kind not in make or not name:
-        raise ValueError(f"{text!r}: expected sft=DATA, benchmark=NAME or model=NAME")
+        raise ValueError(f"{text!r}: expected sft=DATA, benchmark=NAME, model=NAME or corpus=NAME")
     item = make[kind]()
     if item is None:
         raise ValueError(f"{text!r}: nothing to fetch (no hub source the suite can read for it)")
@@ -197,7 +214,7 @@ def fetch(items: Iterable[Item]) -> list[Item]:
                          + "\nProvide each by hand as shown (on a machine with the hub), then run the study again.")
     for item in todo:
         kind = item.name.partition("=")[0]
-        {"sft": _fetch_sft, "benchmark": _fetch_benchmark, "model": _fetch_model}[kind](item, revisions.get(item.name))
+        {"sft": _fetch_sft, "benchmark": _fetch_benchmark, "model": _fetch_model, "corpus": _fetch_corpus}[kind](item, revisions.get(item.name))
         print(f"{item.name}: {item.target}", flush=True)
     return todo
 
@@ -228,6 +245,20 @@ def _fetch_benchmark(item: Item, revision: str | None) -> None:
     os.replace(tmp, item.target)
     write_manifest(item.target.parent, {"repo": item.repo, "repo_type": "dataset", "revision": revision,
                                         "split": hub.get("split", "test")}, [item.target])
+
+
+def _fetch_corpus(item: Item, revision: str | None) -> None:
+    import gzip
+    import shutil
+
+    if not item.has_local_copy():
+        hf_hub_download(item.repo, item.local.name, repo_type="dataset", revision=revision, local_dir=item.local.parent)
+    _record(item.local.parent, item, revision, [item.local])
+    item.target.parent.mkdir(parents=True, exist_ok=True)
+    partial = item.target.with_name(f".{item.target.name}.partial")
+    with gzip.open(item.local, "rb") as packed, partial.open("wb") as out:
+        shutil.copyfileobj(packed, out, 1 << 24)
+    os.replace(partial, item.target)
 
 
 def _fetch_model(item: Item, revision: str | None) -> None:
@@ -266,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     from cbpo.data import shared_data_dir
 
     parser = argparse.ArgumentParser(prog="python -m cbpo.fetch", description=__doc__.split("\n\n")[0])
-    parser.add_argument("items", nargs="+", help="sft=DATA, benchmark=NAME or model=NAME")
+    parser.add_argument("items", nargs="+", help="sft=DATA, benchmark=NAME, model=NAME or corpus=wiki18")
     parser.add_argument("--data-root", default=None, help="default: $CBPO_SHARED_DATA, else ../shared/data")
     parser.add_argument("--models-dir", default="models")
     args = parser.parse_args(argv)

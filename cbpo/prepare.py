@@ -2,11 +2,12 @@
 
     python -m cbpo.prepare target=data data=mix     # generate the built-in task files
     python -m cbpo.prepare target=model model=tiny   # build/convert the model checkpoint
+    python -m cbpo.prepare target=corpus             # the retrieval server's small corpus
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from omegaconf import DictConfig
 
@@ -20,8 +21,9 @@ def usage() -> str:
 
   python -m cbpo.prepare target=data data=mix      # the built-in task files under data/tasks/
   python -m cbpo.prepare target=model model=tiny   # models/tiny (scratch model, or a converted checkpoint)
+  python -m cbpo.prepare target=corpus             # data/retriever/small.jsonl (docs/retriever.md)
 
-Settings people change: target=data|model   data=NAME   model=NAME   preset=NAME
+Settings people change: target=data|model|corpus   data=NAME   model=NAME   preset=NAME
 data: {', '.join(config_options('data'))}
 models: {', '.join(config_options('model'))}
 """
@@ -37,6 +39,31 @@ def model_folder(name: str, out_dir: Path, corpus_texts: Iterable[str] | None = 
         fetch([model_item(name, out_dir.parent, folder=out_dir)])
         return out_dir
     return prepare_model(name, out_dir, corpus_texts, seed)
+
+
+def small_corpus(seed: int, data_root: str | Path | None) -> Iterator[dict]:
+    """The retrieval server's corpus for CI and the demo: the built-in two-hop world of ``seed``
+    (what search reads without a backend) and, where the data root has it, every page of ARPO's
+    search cache (real web snippets; one passage per distinct page)."""
+    import hashlib
+    import json
+
+    from cbpo.data import shared_data_dir
+    from cbpo.tasks.twohop import corpus
+    from cbpo.tools import ARPO_SEED
+    from cbpo.tools.search import parse_observation
+
+    yield from corpus(seed)
+    cache = shared_data_dir(data_root) / ARPO_SEED
+    if not cache.is_file():
+        return
+    seen = set()
+    for observation in json.loads(cache.read_text(encoding="utf-8")).values():
+        for page in parse_observation(observation):
+            key = hashlib.sha256(page["text"].encode("utf-8")).hexdigest()[:16]
+            if page["text"] and key not in seen:
+                seen.add(key)
+                yield {"id": f"arpo-{key}", "title": "", "text": page["text"]}
 
 
 @entry_point(usage=usage)
@@ -59,8 +86,18 @@ def main(cfg: DictConfig) -> None:
                 texts += [row["question"], row["trace"]]
         out = model_folder(cfg.model.name, Path(cfg.paths.models_dir) / cfg.model.name, corpus_texts=texts, seed=cfg.seed)
         print(f"model {cfg.model.name}: {out}")
+    elif target == "corpus":
+        import json
+
+        from cbpo.data import write_atomically
+
+        out = data_dir / "retriever" / "small.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        passages = list(small_corpus(cfg.data.seed, cfg.data_root))
+        write_atomically(out, "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in passages))
+        print(f"corpus small: {len(passages)} passages -> {out}")
     else:
-        raise SystemExit(f"target must be 'data' or 'model', got {target!r} (add target=data or target=model)")
+        raise SystemExit(f"target must be 'data', 'model' or 'corpus', got {target!r} (add target=data, target=model or target=corpus)")
 
 
 if __name__ == "__main__":

@@ -56,6 +56,18 @@ def git_state(directory: str | Path = CODE) -> dict[str, Any]:
     return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
 
 
+def search_index(cfg: DictConfig) -> dict[str, Any] | None:
+    """The retrieval index a run searches through the suite's server (``search_options.index``):
+    its name, kind, size and corpus hash; None otherwise."""
+    from cbpo.retriever.index import read_meta
+
+    index = (OmegaConf.select(cfg, "tools_cfg.search_options") or {}).get("index")
+    if OmegaConf.select(cfg, "tools_cfg.search_backend") != "http" or not index:
+        return None
+    meta = read_meta(index)
+    return {"folder": str(Path(index).resolve()), **{k: meta.get(k) for k in ("name", "kind", "size", "corpus_sha")}}
+
+
 def write_provenance(folder: str | Path, cfg: DictConfig, overrides: Sequence[str]) -> Path:
     """Write ``<folder>/provenance.json`` atomically and return its path."""
     path = Path(folder) / PROVENANCE
@@ -66,6 +78,7 @@ def write_provenance(folder: str | Path, cfg: DictConfig, overrides: Sequence[st
         "versions": versions(),
         "git": git_state(),
         "host": socket.gethostname(),
+        "search_index": search_index(cfg),
         "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     write_atomically(path, json.dumps(record, indent=1) + "\n")

@@ -156,6 +156,8 @@ def create_app(index: Index, limits: Limits = Limits(), on_startup: Callable[[],
         yield
         for task in tasks:
             task.cancel()
+        print(f"stopped after {counts['requests']} requests ({counts['queries']} queries), "
+              f"{counts['rejected']} rejected", flush=True)
 
     app = FastAPI(title="cbpo retriever", lifespan=lifespan, docs_url=None, redoc_url=None)
 

@@ -50,6 +50,38 @@ def test_a_retrieval_server_or_judge_that_does_not_answer_is_named():
     assert doctor.check_judge({**wf, "judge_fallback": "f1"}, ["webwalker"], {}, down) == []
 
 
+def test_a_study_searching_the_suite_retriever_is_checked_for_its_index(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg, wf = doctor.study_config(["model=qwen3-1.7b", "preset=paper", "data=toolstar-search", f"data_root={tmp_path}"], WF)
+    http = {**wf, "search_backend": "http"}
+    # no index yet: the DAG builds it from the small corpus; wiki-18 must be there or fetchable
+    assert doctor.check_search(cfg, {}, None, http) == []
+    (missing,) = doctor.check_search(cfg, {}, None, {**http, "retriever": {"corpus": "wiki18", "kind": "bm25"}})
+    assert "wiki-18.jsonl" in missing.what and "hf download PeterJinGo/wiki-18-corpus" in missing.fix
+    # an index that exists must be servable
+    (tmp_path / "data" / "retriever" / "small-bm25").mkdir(parents=True)
+    (tmp_path / "data" / "retriever" / "small-bm25" / "meta.json").write_text("{}")
+    assert doctor.check_search(cfg, {}, None, http, serves=lambda index: None) == []
+    (broken,) = doctor.check_search(cfg, {}, None, http, serves=lambda index: "RuntimeError: exited")
+    assert "data/retriever/small-bm25 cannot be served (RuntimeError: exited)" in broken.what
+    assert "python -m cbpo.retriever index" in broken.fix
+    # a running server instead: asked as it is
+    assert doctor.check_search(cfg, {}, lambda url: url, {**http, "search_url": "http://h:1/retrieve"})[0].what \
+        == "the retrieval server http://h:1/retrieve does not answer (http://h:1/retrieve)"
+
+
+def test_the_doctor_serves_a_real_index(tmp_path):
+    from cbpo.retriever.index import build_index
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "1", "title": "A", "text": "alpha beta"}\n')
+    for name in ("good", "broken"):
+        build_index(corpus, tmp_path / name)
+    (tmp_path / "broken" / "data.csc.index.npy").unlink()
+    assert doctor._serves(tmp_path / "good") is None
+    assert "exited" in doctor._serves(tmp_path / "broken")
+
+
 def fake_slurm(partition="MaxTime=1-00:00:00 State=UP", nodes="gpu:4|256000|32", accounts="acct\n"):
     def run(cmd):
         if cmd[0] == "scontrol":

@@ -1,5 +1,5 @@
 rule evaluate:
-    input: evaluated_model, benchmark_file, lambda w: f"{ROOT}/configs/method/{method_of(w.run)}.yaml", f"{ROOT}/eval/benchmarks/{{benchmark}}.yaml", hydra_configs
+    input: evaluated_model, benchmark_file, lambda w: f"{ROOT}/configs/method/{method_of(w.run)}.yaml", f"{ROOT}/eval/benchmarks/{{benchmark}}.yaml", hydra_configs, SEARCH_INPUT
     output: f"results/raw/{KEY}/{{run}}/{{benchmark}}/summary.json"
     log: f"logs/{KEY}/eval_{{run}}_{{benchmark}}.log"
     benchmark: f"results/benchmarks/{KEY}/eval_{{run}}_{{benchmark}}.tsv"
@@ -12,6 +12,7 @@ rule evaluate:
         # A variant: its method and the overrides it was trained with, under its own run name.
         method=lambda w: method_of(w.run),
         overrides=lambda w: overrides_of(w.run),
+        search=SEARCH,
         # what a second evaluation of the same checkpoint changes (evaluate_passk, evaluate_forced)
         evaluation=[],
-    shell: command("eval.run benchmark={wildcards.benchmark:q} method={params.method:q} run_name={wildcards.run:q}", "{params.evaluation:q}", JOB, "{params.overrides:q} {params.judge:q}")
+    shell: command("eval.run benchmark={wildcards.benchmark:q} method={params.method:q} run_name={wildcards.run:q}", "{params.evaluation:q}", JOB, "{params.overrides:q} {params.judge:q} {params.search:q}")

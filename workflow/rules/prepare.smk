@@ -22,14 +22,18 @@ rule model:
 
 
 # The study's hub inputs that are not there yet (cbpo.fetch: Tool-Star's SFT traces, converted;
-# MATH; the backbone; OPD's teacher), fetched by one job on the submitting machine, the only job
-# with the hub allowed (cluster nodes often have no route out). Planned only while something is
-# missing, so `-n` shows the whole study; without the hub it fails at once, its one message
-# listing every missing input and how to provide it by hand.
-from cbpo.fetch import missing, study_items
+# MATH; the backbone; OPD's teacher; wiki-18 for the retrieval server), fetched by one job on the
+# submitting machine, the only job with the hub allowed (cluster nodes often have no route out).
+# Planned only while something is missing, so `-n` shows the whole study; without the hub it
+# fails at once, its one message listing every missing input and how to provide it by hand.
+from cbpo.fetch import corpus_item, missing, study_items
 
 FETCH_MODELS = [MODEL, *([TEACHER_MODEL] if TEACHER_MODEL and "opd" in METHODS else [])]
-FETCH = missing(study_items(DATA, BENCHMARKS, FETCH_MODELS, Path(DATA_ROOT), Path("models")))
+# a hub corpus the study's retrieval server indexes (search_backend=http, workflow/rules/retriever.smk)
+FETCH_CORPUS = ([corpus_item(config["retriever"]["corpus"], Path(DATA_ROOT))]
+                if config["search_backend"] == "http" and not config["search_url"] else [])
+FETCH = missing(study_items(DATA, BENCHMARKS, FETCH_MODELS, Path(DATA_ROOT), Path("models"))
+                + [item for item in FETCH_CORPUS if item is not None])
 
 if FETCH:
     localrules: fetch

@@ -120,6 +120,7 @@ rule rl:
         lambda w: f"{ROOT}/configs/method/{method_of(w.trained)}.yaml",
         hydra_configs,
         training_files("train"),
+        SEARCH_INPUT,
     output: f"runs/{KEY}/{{trained}}/final/DONE.json"
     log: f"logs/{KEY}/{{trained}}.log"
     benchmark: f"results/benchmarks/{KEY}/rl_{{trained}}.tsv"
@@ -133,10 +134,11 @@ rule rl:
         # verl trains on a Ray cluster: started across the job's allocation under SLURM
         launch=[] if BACKEND == "local" else [f"{ROOT}/slurm/ray-on-slurm.sh"],
         method=lambda w: method_of(w.trained),
+        search=SEARCH,
         variant=lambda w: [f"variant={w.trained}", *overrides_of(w.trained)] if w.trained in VARIANTS else [],
         # the teacher path is a method.* override: variant= keeps it from renaming the run
         teacher=lambda w: [f"variant={w.trained}", *(f"method.teacher={t}" for t in teacher_of(w))]
         if teacher_of(w) and w.trained not in VARIANTS else [f"method.teacher={t}" for t in teacher_of(w)],
     # Rollout dumps (every rl.dump_every steps and the last) feed Figs. 2 and 5 and the credit
     # lab; bookkeeping, the weights do not depend on them.
-    shell: command("cbpo.train stage=rl method={params.method:q}", JOB, "{params.variant:q} {params.teacher:q} {params.backend:q} rl.dump_rollouts=true").replace("{PYTHON:q}", "{params.launch:q} {PYTHON:q}", 1)
+    shell: command("cbpo.train stage=rl method={params.method:q}", JOB, "{params.variant:q} {params.teacher:q} {params.backend:q} {params.search:q} rl.dump_rollouts=true").replace("{PYTHON:q}", "{params.launch:q} {PYTHON:q}", 1)
