@@ -111,3 +111,20 @@ def format_table(rows: list[dict], study: str, assumed: bool) -> str:
     total = f"{sum(known):.1f}" + ("" if len(known) == len(rows) else "+")
     lines.append(f"{'total':<16}{sum(r['jobs'] for r in rows):>5}{'':>10}{sum(r['limit'] for r in rows):>13.1f}{total:>16}")
     return "\n".join(lines)
+
+
+def search_line(jobs: int, steps: int, problems: int, rollouts: int, max_calls: int, backend: str | None,
+                usd_per_1000: float) -> str:
+    """What the plan's RL jobs may spend on search: at most ``max_calls`` per rollout, before
+    the shared cache answers any (an upper bound: the cache and early answers only lower it)."""
+    per_step = problems * rollouts * max_calls
+    total = jobs * steps * per_step
+    line = (f"search (rl jobs): at most {per_step:,} calls per step ({problems} problems x {rollouts} rollouts x "
+            f"{max_calls} tool calls), {total:,} over {jobs} job(s) x {steps} steps")
+    if backend == "web":
+        return line + f"; Serper at ${usd_per_1000:g} per 1,000 (search_price, assumed): at most ${total * usd_per_1000 / 1000:,.0f}"
+    if backend == "http":
+        return line + ("; the suite's retrieval server runs inside each job on the job's own node (cbpo.retriever.lease): "
+                       "no node-hours of its own")
+    return line
+

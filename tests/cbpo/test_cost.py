@@ -1,5 +1,5 @@
 """GPU-hours by stage from the planned jobs' resources and per-step costs."""
-from cbpo.cost import PlannedJob, format_table, gpu_hours
+from cbpo.cost import PlannedJob, format_table, gpu_hours, search_line
 
 
 def test_limit_and_estimate_per_stage():
@@ -31,3 +31,11 @@ def test_a_jobs_gpus_are_its_gpu_resource_or_its_gres_per_node_times_its_nodes()
     assert job_gpus({"gpu": 8, "runtime": 720}) == 8
     assert job_gpus({"gres": "gpu:8", "nodes": 2, "tasks": 2}) == 16
     assert job_gpus({"mem_mb": 1000}) == 0
+
+
+def test_the_search_line_bounds_calls_and_prices_them():
+    web = search_line(11, 200, 32, 16, 5, "web", 1.0)
+    assert "at most 2,560 calls per step" in web and "5,632,000 over 11 job(s)" in web and "at most $5,632" in web
+    assert "no node-hours of its own" in search_line(1, 2, 2, 4, 5, "http", 1.0)
+    assert "$" not in search_line(1, 2, 2, 4, 5, None, 1.0)
+

@@ -4,7 +4,7 @@
 # so the table is printed as the process exits, from the DAG it planned.
 import atexit
 
-from cbpo.cost import PlannedJob, format_table, gpu_hours, job_gpus
+from cbpo.cost import PlannedJob, format_table, gpu_hours, job_gpus, search_line
 
 
 def step_cost():
@@ -26,6 +26,11 @@ def print_cost():
     steps = {"sft": cfg.sft.steps, "teacher": cfg.sft.steps * config["teacher_sft_factor"], "rl": cfg.rl.steps}
     assumed, seconds = step_cost()
     print(format_table(gpu_hours(jobs, steps, seconds), STUDY, assumed), flush=True)
+    rl_jobs = sum(j.stage == "rl" for j in jobs)
+    backend = SEARCH_BACKEND or cfg.tools_cfg.search_backend
+    if rl_jobs and "search" in (cfg.data.get("tools") or []):
+        print(search_line(rl_jobs, cfg.rl.steps, cfg.rl.problems_per_step, cfg.rollout.budget,
+                          cfg.rl.agent.max_tool_calls, backend, config["search_price"]["serper_per_1000"]), flush=True)
 
 
 atexit.register(print_cost)

@@ -40,6 +40,6 @@ rule retriever:
     benchmark: "results/benchmarks/retriever_{corpus}-{kind}.tsv"
     wildcard_constraints: corpus="small|wiki18", kind="bm25|dense"
     threads: 1
-    resources: **resources("model")
+    resources: **resources("retriever")
     params: folder=lambda w, output: os.path.dirname(output[0])
     shell: command("cbpo.retriever index {input:q} {params.folder:q} --kind {wildcards.kind:q} --name {wildcards.corpus:q}")
