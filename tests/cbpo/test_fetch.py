@@ -205,6 +205,25 @@ def test_a_copy_put_in_place_by_hand_is_used_without_the_hub(tmp_path):
     assert json.loads((folder / fetch.MANIFEST).read_text())["source"]["revision"] == "local copy"
 
 
+def test_wiki18_is_downloaded_checksummed_and_unpacked_for_the_retriever(tmp_path, hub):
+    import gzip
+
+    from cbpo.retriever.corpus import load_corpus
+
+    repo = hub.repo("PeterJinGo/wiki-18-corpus", "dataset")
+    repo.mkdir(parents=True)
+    with gzip.open(repo / "wiki-18.jsonl.gz", "wt") as packed:
+        packed.write(json.dumps({"id": "0", "contents": '"Aaron"\nAaron is a prophet.'}) + "\n")
+    (item,) = items(tmp_path, "corpus=wiki18")
+    assert item.target == tmp_path / "data" / "search" / "wiki-18.jsonl"
+    assert fetch.fetch([item]) == [item] and hub.calls == ["wiki-18.jsonl.gz"]
+    assert load_corpus(item.target) == [{"id": "0", "title": "Aaron", "text": "Aaron is a prophet."}]
+    assert fetch.verify(item.local.parent) == []
+    assert "hf download PeterJinGo/wiki-18-corpus wiki-18.jsonl.gz" in item.manual
+    with pytest.raises(ValueError, match="nothing to fetch"):
+        items(tmp_path, "corpus=small")
+
+
 def test_prepare_fetches_hub_models_through_the_same_path(tmp_path, hub):
     out = model_folder("qwen3-1.7b", tmp_path / "elsewhere" / "qwen3-1.7b")
     assert (out / "config.json").is_file() and fetch.verify(out) == []
