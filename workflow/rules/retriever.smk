@@ -17,7 +17,8 @@ def search_args():
         return []
     args = [f"tools_cfg.search_backend={SEARCH_BACKEND}"]
     if SEARCH_BACKEND == "http":
-        where = f"url={config['search_url']}" if config["search_url"] else f"index={RETRIEVER_INDEX}"
+        # absolute: verl's Ray workers build the search tool too, from their own working folder
+        where = f"url={config['search_url']}" if config["search_url"] else f"index={os.path.abspath(RETRIEVER_INDEX)}"
         args.append(f"++tools_cfg.search_options.{where}")
     return args
 

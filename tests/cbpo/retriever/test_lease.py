@@ -7,7 +7,6 @@ import sys
 import time
 
 import pytest
-import requests
 
 from cbpo.retriever.lease import health, lease_server, serving_dir
 from cbpo.tools.search import SearchTool
