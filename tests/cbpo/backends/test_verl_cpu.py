@@ -75,7 +75,10 @@ def test_grpo_trains_on_verls_ray_fsdp_and_vllm_processes(study):
 
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL the launch and everything it started (Ray's processes included)."""
-    tree = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+    try:
+        tree = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+    except psutil.NoSuchProcess:  # it ended on its own: the caller's checks say whether too early
+        tree = []
     for pid in tree:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -84,25 +87,30 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+# Four steps, where smoke has two: a smoke step can take under a second, and the kill must land
+# between the first checkpoint and the end (both runs: the step count is part of the run's identity).
+KILLED_RUN = ("rl.steps=4",)
+
+
 def test_cbpo_trains_on_verl_and_a_killed_run_resumes_from_its_checkpoint(study):
     run = run_dir(study, "cbpo")
     latest = run / "verl" / "latest_checkpointed_iteration.txt"  # verl writes it once a checkpoint is whole
-    proc = subprocess.Popen(command(study, "cbpo"), cwd=study[0], env=ENV, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(command(study, "cbpo", *KILLED_RUN), cwd=study[0], env=ENV, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + RUN_LIMIT_S
     try:
         while not (latest.is_file() and latest.read_text().strip() == "1"):
             assert proc.poll() is None, "the run ended before its first checkpoint"
             assert time.monotonic() < deadline, "no checkpoint in time"
-            time.sleep(1)
+            time.sleep(0.1)
     finally:
         kill_tree(proc)
-    assert not (run / "final").exists()
+    assert not (run / "final").exists(), "the run finished before it was killed"
     first = metrics(run)
     assert first[0]["step"] == 1
 
-    train(study, "cbpo")
-    lines = check_finished(run, 2)
+    train(study, "cbpo", *KILLED_RUN)
+    lines = check_finished(run, 4)
     assert lines[0] == first[0]  # step 1 came from the checkpoint, not trained again
     print("cbpo on verl:", [(m["step"], m["n_branch"], round(m["wall_seconds"], 1), m["rollout_probs_diff_max"])
                             for m in lines])
