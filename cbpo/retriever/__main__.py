@@ -31,15 +31,15 @@ def parser() -> argparse.ArgumentParser:
     index.add_argument("--model", help="dense only: a sentence-transformers folder (default: the shipped all-MiniLM-L6-v2)")
 
     run = commands.add_parser("serve", help="serve an index folder over Search-R1's /retrieve API")
-    run.add_argument("folder", type=Path)
+    run.add_argument("folder", type=Path, help="an index folder (python -m cbpo.retriever index)")
     run.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
     run.add_argument("--port", type=int, default=8000, help="0 takes a free port (default 8000)")
     for field in fields(Limits):
         run.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default,
-                         help=f"default {field.default}")
+                         help=f"{field.metadata['help']} (default {field.default})")
     run.add_argument("--lease-dir", type=Path, help="stop once no lease in this folder has been alive for --idle-exit seconds "
                      "(cbpo.retriever.lease: how the DAG's jobs share a server)")
-    run.add_argument("--idle-exit", type=float, default=30.0)
+    run.add_argument("--idle-exit", type=float, default=30.0, help="seconds without a live lease before it stops (default 30)")
     run.add_argument("--ready-file", type=Path, help="write {url, pid, host} here once requests are accepted")
     return top
 

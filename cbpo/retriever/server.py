@@ -19,7 +19,7 @@ import contextlib
 import json
 import os
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,17 +29,21 @@ from fastapi.responses import JSONResponse
 from cbpo.retriever.index import Index
 
 
+def _limit(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one request may ask; each bound is the server's ``--max-*`` option."""
 
-    max_body_bytes: int = 4 << 20  # 1,000 queries of 4 kB each fit
-    max_queries: int = 1024  # per request
-    max_query_chars: int = 4096  # a query this long is already not a search query
-    max_topk: int = 100  # larger topk is clamped to this
-    default_topk: int = 3  # Search-R1's retrieval_topk when a request gives none
-    batch_wait_ms: float = 2.0  # how long the first request of a batch waits for company
-    max_batch: int = 256  # queries searched together
+    max_body_bytes: int = _limit(4 << 20, "larger bodies get 413 (1,000 queries of 4 kB each fit)")
+    max_queries: int = _limit(1024, "more queries in one request get 422")
+    max_query_chars: int = _limit(4096, "a longer query gets 422: it is already not a search query")
+    max_topk: int = _limit(100, "a larger topk is clamped to this (the answer's topk says so)")
+    default_topk: int = _limit(3, "topk when a request gives none (Search-R1's retrieval_topk)")
+    batch_wait_ms: float = _limit(2.0, "how long the first request of a batch waits for others")
+    max_batch: int = _limit(256, "queries searched together")
 
 
 class RequestError(Exception):
