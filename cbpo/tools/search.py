@@ -130,7 +130,6 @@ class BM25Backend:
         return [{**self.passages[i], "score": score} for i, score in hits]
 
 
-
 @register_backend("dense")
 class DenseBackend:
     """Cosine similarity of mean-pooled, L2-normalised all-MiniLM-L6-v2 embeddings
