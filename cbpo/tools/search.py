@@ -172,7 +172,6 @@ class DenseBackend:
         return _results(self.passages, scores, rank(scores, k))
 
 
-
 def _post_json(url: str, payload: dict, timeout: float, headers: dict | None = None) -> Any:
     import requests
 
