@@ -47,8 +47,12 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "index":
-        meta = build_index(args.corpus, args.folder, args.kind, name=args.name, faiss_kind=args.faiss,
-                           model_path=args.model)
+        try:
+            meta = build_index(args.corpus, args.folder, args.kind, name=args.name, faiss_kind=args.faiss,
+                               model_path=args.model)
+        except (ValueError, FileNotFoundError) as error:  # a bad corpus: its file and line, no traceback
+            print(f"error: {error}", file=sys.stderr)
+            return 2
         print(json.dumps(meta, indent=1))
         return 0
     limits = Limits(**{f.name: getattr(args, f.name) for f in fields(Limits)})

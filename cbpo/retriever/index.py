@@ -155,6 +155,18 @@ def build_index(corpus: str | Path, folder: str | Path, kind: str = "bm25", name
     partial = folder.with_name(f"{folder.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
+    try:
+        meta = _build(corpus, partial, kind, name, faiss_kind, model_path, stopwords)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(partial, folder)
+    return meta
+
+
+def _build(corpus: str | Path, partial: Path, kind: str, name: str | None, faiss_kind: str,
+           model_path: str | Path | None, stopwords: str | None) -> dict:
     started = time.perf_counter()
     writer, digest = PassageWriter(partial), CorpusDigest()
     for passage in iter_passages(corpus):
@@ -181,8 +193,6 @@ def build_index(corpus: str | Path, folder: str | Path, kind: str = "bm25", name
     meta["build_seconds"] = round(time.perf_counter() - started, 2)
     meta["bytes"] = sum(f.stat().st_size for f in partial.iterdir())
     (partial / META).write_text(json.dumps(meta, indent=1) + "\n")
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(partial, folder)
     return meta
 
 

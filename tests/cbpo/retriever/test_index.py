@@ -46,3 +46,15 @@ def test_dense_index_finds_the_passage_it_was_given(tmp_path):
         assert meta["faiss"] == faiss_kind and meta["model"]
         (hits,) = Index(tmp_path / faiss_kind).search(["which river flows through Africa"], 2)
         assert [h["id"] for h in hits][0] == "2" and hits[0]["score"] > hits[1]["score"]
+
+
+def test_a_bad_corpus_leaves_no_folder_and_the_command_names_its_line(tmp_path):
+    import subprocess
+    import sys
+
+    corpus = tmp_path / "dup.jsonl"
+    corpus.write_text('{"id": 1, "title": "a", "text": "b"}\n' * 2)
+    done = subprocess.run([sys.executable, "-m", "cbpo.retriever", "index", str(corpus), str(tmp_path / "index")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "dup.jsonl:2: duplicate passage id '1'" in done.stderr
+    assert "Traceback" not in done.stderr and sorted(p.name for p in tmp_path.iterdir()) == ["dup.jsonl"]
