@@ -11,8 +11,10 @@ server that is leaving). A lease dies with its process: a killed job's lease is 
 Why not Snakemake's ``service()`` outputs: Snakemake puts a service and all its consumers in one
 group that must run at once (``DAG.handle_pipes_and_services``), so a study's rl and evaluate
 jobs would all have to fit on the machine together, and under SLURM on one node. Leasing per
-machine keeps every job where the scheduler puts it; on a cluster each node runs its own server
-on loopback (nothing listens beyond the node), over the same memory-mapped index files.
+machine keeps every job where the scheduler puts it; on a cluster each job runs its own server on
+each of its nodes, on loopback (nothing listens beyond the node), over the same memory-mapped
+index files: SLURM ends a job's processes with it, so a server shared across jobs would die
+under the jobs still using it.
 
 State, under ``<index>/serving/``: ``<host>.json`` (url, pid), ``<host>.lock``, ``<host>.log``
 (the server's output) and ``leases/<host>/<pid>-<token>``.
@@ -37,7 +39,11 @@ IDLE_SECONDS = 30.0  # a server outlives its last lease this long: the next job 
 
 
 def _host() -> str:
-    return socket.gethostname()
+    """Whose server a process shares: this machine's, and under SLURM its job's. SLURM ends every
+    process of a job with the job, a server another job started included, so each allocation
+    runs its own (a multi-node job's workers share their node's)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    return f"{socket.gethostname()}-job{job}" if job else socket.gethostname()
 
 
 def serving_dir(folder: str | Path) -> Path:

@@ -66,3 +66,15 @@ def test_a_server_that_cannot_start_says_why(tmp_path, bm25_index):
     with pytest.raises(RuntimeError, match="exited .* before answering"):
         lease_server(broken, idle=1.0, timeout=60)
     assert not list((serving_dir(broken) / "leases").rglob("*-*"))
+
+
+def test_under_slurm_each_job_runs_its_own_server(bm25_index, monkeypatch):
+    # SLURM ends a job's processes with the job: a server another job started would die under us
+    monkeypatch.setenv("SLURM_JOB_ID", "101")
+    first = lease_server(bm25_index, idle=1.0)
+    monkeypatch.setenv("SLURM_JOB_ID", "102")
+    second = lease_server(bm25_index, idle=1.0)
+    assert first.url != second.url
+    assert {p.name.rsplit("-job", 1)[1] for p in serving_dir(bm25_index).glob("*-job*.json")} == {"101.json", "102.json"}
+    first.release()
+    second.release()
