@@ -185,12 +185,14 @@ def run_fetch(tmp_path, *args, **env):
 @pytest.mark.parametrize("env", [{"HF_HUB_OFFLINE": "1"}, {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}],
                          ids=["offline mode", "hub unreachable"])
 def test_without_the_hub_one_message_lists_everything_missing(tmp_path, env):
-    done, seconds = run_fetch(tmp_path, "sft=toolstar-math", "benchmark=math", "model=qwen3-1.7b", "model=qwen3-32b", **env)
+    done, seconds = run_fetch(tmp_path, "sft=toolstar-math", "benchmark=math", "model=qwen3-1.7b", "model=qwen3-32b",
+                              "corpus=wiki18", **env)
     assert done.returncode == 2 and seconds < 60, done.stderr
     message = done.stderr
-    assert message.count("error:") == 1 and "4 input(s) of the study cannot be fetched" in message
+    assert message.count("error:") == 1 and "5 input(s) of the study cannot be fetched" in message
     for needle in ("dongguanting/Tool-Star-SFT-54K", "DigitalLearningGmbH/MATH-lighteval", "Qwen/Qwen3-1.7B", "Qwen/Qwen3-32B",
-                   "hf download Qwen/Qwen3-32B --local-dir", "datasets.load_dataset("):
+                   "hf download Qwen/Qwen3-32B --local-dir", "datasets.load_dataset(",
+                   "hf download PeterJinGo/wiki-18-corpus wiki-18.jsonl.gz --repo-type dataset"):
         assert needle in message
     assert not (tmp_path / "models").exists() and not (tmp_path / "data").exists()  # nothing downloaded
 
