@@ -207,21 +207,36 @@ class RetrievalServerBackend:
             raise ValueError("the http search backend needs search_options.url (a running retrieval server's "
                              "/retrieve) or search_options.index (an index folder, python -m cbpo.retriever index), "
                              "not both")
-        self.lease = None
+        self.lease, self.index_folder = None, index
         if index is not None:
-            from cbpo.retriever.lease import lease_server
-
-            self.lease = lease_server(index)
-            url = f"{self.lease.url}/retrieve"
+            url = self._lease()
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"retrieval server url must start with http:// or https://, got {url!r}")
         self.url, self.timeout = url, timeout
         self.index = _served_index(url, min(timeout, 5.0))
         self.cache_id = f"http:{self.index['kind']}:{self.index['corpus_sha']}" if self.index else f"http:{url}"
 
+    def _lease(self) -> str:
+        from cbpo.retriever.lease import lease_server
+
+        if self.lease is not None:
+            self.lease.release()
+        self.lease = lease_server(self.index_folder)
+        self.url = f"{self.lease.url}/retrieve"
+        return self.url
+
     def search(self, query: str, k: int) -> list[dict]:
-        answer = _post_json(self.url, {"queries": [query], "topk": k, "return_scores": True},
-                            self.timeout)
+        import requests
+
+        payload = {"queries": [query], "topk": k, "return_scores": True}
+        try:
+            answer = _post_json(self.url, payload, self.timeout)
+        except requests.ConnectionError:
+            if self.lease is None:
+                raise
+            # The leased server is gone: the job that started it ended, and took it along (SLURM
+            # and Ray end a process's descendants with it). Leasing again starts another.
+            answer = _post_json(self._lease(), payload, self.timeout)
         try:
             (items,) = answer["result"]
         except (KeyError, TypeError, ValueError):

@@ -78,3 +78,14 @@ def test_under_slurm_each_job_runs_its_own_server(bm25_index, monkeypatch):
     assert {p.name.rsplit("-job", 1)[1] for p in serving_dir(bm25_index).glob("*-job*.json")} == {"101.json", "102.json"}
     first.release()
     second.release()
+
+
+def test_a_leased_server_that_dies_is_replaced_on_the_next_search(bm25_index, corpus_file):
+    # Ray and SLURM end a process's descendants with it: the job that started a server can take it along
+    tool = SearchTool("http", k=3, index=str(bm25_index))
+    before = tool("w001 w017")
+    old = tool.backend.url
+    os.kill(health(old.removesuffix("/retrieve"))["pid"], signal.SIGKILL)
+    wait_for(lambda: health(old.removesuffix("/retrieve")) is None)
+    assert tool("w001 w017") == before and tool.backend.url != old
+    tool.backend.lease.release()
