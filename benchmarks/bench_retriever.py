@@ -1,7 +1,7 @@
 """The retrieval server under load, and what an index costs per 100k passages.
 
-Load: starts ``python -m cbpo.retriever serve`` (loopback, a free port) on an index and sends
-``--queries`` single-query requests (topk 10, with scores) from ``--clients`` concurrent
+Load: starts ``python -m cbpo.retriever serve`` on an index (loopback, a free port, through
+``cbpo.retriever.lease``) and sends ``--queries`` single-query requests (topk 10, with scores) from ``--clients`` concurrent
 clients, each bounded by ``--timeout`` seconds; prints throughput, p50/p99 latency, errors and
 the server's resident memory before and after, and as its last line
 ``retriever qps=X p99_ms=Y errors=N rss_mb=Z``. Queries are ARPO's cached web queries and the
@@ -35,6 +35,7 @@ import requests
 
 from cbpo.prepare import small_corpus
 from cbpo.retriever.index import build_index
+from cbpo.retriever.lease import health, lease_server
 
 WIKI18 = 21_015_324  # passages in Search-R1's wiki-18.jsonl
 
@@ -77,16 +78,11 @@ def build(corpus: Path, folder: Path, kind: str) -> dict:
 
 
 def load(folder: Path, texts: list[str], clients: int, timeout: float) -> dict:
-    ready = folder.parent / "ready.json"
-    server = subprocess.Popen([sys.executable, "-m", "cbpo.retriever", "serve", str(folder), "--port", "0",
-                               "--ready-file", str(ready)], stdout=subprocess.DEVNULL)
+    lease = lease_server(folder, idle=1.0)  # a server of its own: the index is new
     try:
-        while not ready.is_file():
-            if server.poll() is not None:
-                raise SystemExit("the server exited before it was ready")
-            time.sleep(0.1)
-        url = json.loads(ready.read_text())["url"]
-        idle_rss = rss_mb(server.pid)
+        url = lease.url
+        pid = health(url)["pid"]
+        idle_rss = rss_mb(pid)
         sessions = [requests.Session() for _ in range(clients)]
 
         def one(i: int) -> float | None:
@@ -106,10 +102,9 @@ def load(folder: Path, texts: list[str], clients: int, timeout: float) -> dict:
         done = sorted(t for t in latencies if t is not None)
         return {"wall": wall, "qps": len(done) / wall, "errors": len(latencies) - len(done),
                 "p50_ms": 1000 * statistics.median(done), "p99_ms": 1000 * done[int(0.99 * (len(done) - 1))],
-                "idle_rss_mb": idle_rss, "rss_mb": rss_mb(server.pid)}
+                "idle_rss_mb": idle_rss, "rss_mb": rss_mb(pid)}
     finally:
-        server.terminate()
-        server.wait(10)
+        lease.release()
 
 
 def main() -> None:

@@ -107,21 +107,21 @@ def check_search(cfg, env: Mapping[str, str], reachable: Callable[[str], str | N
                         "(the suite's retrieval server, docs/retriever.md)")]
     if backend != "http":
         return []
+    from cbpo.retriever.index import META, study_index
+
     options = cfg.tools_cfg.get("search_options") or {}
     url = wf.get("search_url") or (None if wf.get("search_backend") else options.get("url"))
-    index = None if url else options.get("index")
-    if not url and not index and wf.get("search_backend") == "http":
-        retriever = wf.get("retriever") or {"corpus": "small", "kind": "bm25"}
-        index = f"data/retriever/{retriever['corpus']}-{retriever['kind']}"
-        if not (Path(index) / "meta.json").is_file():
-            from cbpo.data import shared_data_dir
-            from cbpo.fetch import corpus_item
+    index = None if url else options.get("index") or study_index(wf)
+    if index is not None and index == study_index(wf) and not (Path(index) / META).is_file():
+        from cbpo.data import shared_data_dir
+        from cbpo.fetch import corpus_item
 
-            item = corpus_item(retriever["corpus"], shared_data_dir(cfg.data_root))
-            if item is not None and not item.target.is_file() and not item.has_local_copy():
-                return [Problem("search", f"the retrieval corpus {retriever['corpus']} is not in the data root ({item.target})",
-                                f"the study's fetch job downloads it where the hub is reachable; by hand: {item.manual}")]
-            return []  # the DAG's retriever rule builds the index
+        corpus = wf["retriever"]["corpus"]
+        item = corpus_item(corpus, shared_data_dir(cfg.data_root))
+        if item is not None and not item.target.is_file() and not item.has_local_copy():
+            return [Problem("search", f"the retrieval corpus {corpus} is not in the data root ({item.target})",
+                            f"the study's fetch job downloads it where the hub is reachable; by hand: {item.manual}")]
+        return []  # the DAG's retriever rule builds the index
     if url:
         error = reachable(url)
         return [Problem("search", f"the retrieval server {url} does not answer ({error})", "start it, or fix the url")] if error else []

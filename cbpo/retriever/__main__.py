@@ -60,8 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.lease_dir is not None:
         from cbpo.retriever.lease import idle_watcher
 
-        state = args.ready_file or args.lease_dir.with_suffix(".json")
-        watcher = idle_watcher(args.lease_dir, state, args.idle_exit)
+        if args.ready_file is None:
+            parser().error("--lease-dir needs --ready-file: the state the leases share")
+        watcher = idle_watcher(args.lease_dir, args.ready_file, args.idle_exit)
     if args.ready_file is not None:
         from cbpo.retriever.lease import write_ready
 

@@ -19,7 +19,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from cbpo.retriever.corpus import CorpusDigest, PassageStore, PassageWriter, ite
 
 KINDS = ("bm25", "dense")
 META = "meta.json"
+STUDY_INDEX = "data/retriever/{corpus}-{kind}"  # where the DAG builds a study's index (workflow/rules/retriever.smk)
 HNSW_FROM = 1_000_000  # auto: an exact index below this many passages, HNSW from here
 HNSW_M, HNSW_EF_SEARCH = 32, 128  # graph degree; search breadth (recall vs speed)
 _CHUNK = 4096  # passages tokenized or embedded at a time while building
@@ -188,12 +189,22 @@ def _build(corpus: str | Path, partial: Path, kind: str, name: str | None, faiss
         encoder = MiniLMEncoder(model_path)
         ranker = DenseRanker.build(texts, digest.size, encoder, faiss_kind)
         ranker.save(partial)
-        meta.update(model=encoder.name, faiss=ranker.faiss_kind)
+        # a model given by path is the one queries must be embedded with too (None: the shipped one)
+        meta.update(model=encoder.name, model_path=str(Path(model_path).resolve()) if model_path else None,
+                    faiss=ranker.faiss_kind)
     store.close()
     meta["build_seconds"] = round(time.perf_counter() - started, 2)
     meta["bytes"] = sum(f.stat().st_size for f in partial.iterdir())
     (partial / META).write_text(json.dumps(meta, indent=1) + "\n")
     return meta
+
+
+def study_index(workflow: Mapping) -> str | None:
+    """The index folder a study's jobs lease their server on, from the workflow config: with
+    ``search_backend: http`` and no ``search_url``, ``retriever``'s corpus and kind; else None."""
+    if workflow.get("search_backend") != "http" or workflow.get("search_url"):
+        return None
+    return STUDY_INDEX.format(**workflow["retriever"])
 
 
 def read_meta(folder: str | Path) -> dict:
@@ -210,7 +221,7 @@ class Index:
     """An index folder opened for search: ``search(queries, k)`` -> per query, the top-``k``
     passages as ``{"id", "title", "text", "score"}``, best first."""
 
-    def __init__(self, folder: str | Path, model_path: str | Path | None = None):
+    def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         self.meta = read_meta(self.folder)
         self.store = PassageStore(self.folder)
@@ -219,7 +230,7 @@ class Index:
         else:
             from cbpo.retriever.encoder import MiniLMEncoder
 
-            self.ranker = DenseRanker.load(self.folder, MiniLMEncoder(model_path))
+            self.ranker = DenseRanker.load(self.folder, MiniLMEncoder(self.meta.get("model_path")))
 
     def __len__(self) -> int:
         return len(self.store)

@@ -50,6 +50,11 @@ def serving_dir(folder: str | Path) -> Path:
     return Path(folder) / SERVING
 
 
+def _lock(state: Path) -> Path:
+    """The lock beside a server's state file, taken by jobs leasing and by the server leaving."""
+    return state.with_suffix(".lock")
+
+
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -116,7 +121,7 @@ def lease_server(folder: str | Path, idle: float = IDLE_SECONDS, timeout: float 
     host, serving = _host(), serving_dir(folder)
     state, lease_dir = serving / f"{host}.json", serving / "leases" / host
     lease_dir.mkdir(parents=True, exist_ok=True)
-    with locked(serving / f"{host}.lock"):
+    with locked(_lock(state)):
         lease = lease_dir / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         lease.touch()
         if state.is_file():
@@ -171,7 +176,7 @@ def idle_watcher(lease_dir: Path, state: Path, idle: float):
             empty_since = empty_since or time.monotonic()
             if time.monotonic() - empty_since < idle:
                 continue
-            with locked(state.with_suffix(".lock")):
+            with locked(_lock(state)):
                 if live_leases(lease_dir):  # a job came while we waited for the lock
                     empty_since = None
                     continue

@@ -213,7 +213,8 @@ class RetrievalServerBackend:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"retrieval server url must start with http:// or https://, got {url!r}")
         self.url, self.timeout = url, timeout
-        self.index = _served_index(url, min(timeout, 5.0))
+        # a leased server serves the index whose meta the lease read; another names it in /health
+        self.index = self.lease.meta if self.lease else _served_index(url, min(timeout, 5.0))
         self.cache_id = f"http:{self.index['kind']}:{self.index['corpus_sha']}" if self.index else f"http:{url}"
 
     def _lease(self) -> str:

@@ -27,11 +27,11 @@ rule model:
 # Planned only while something is missing, so `-n` shows the whole study; without the hub it
 # fails at once, its one message listing every missing input and how to provide it by hand.
 from cbpo.fetch import corpus_item, missing, study_items
+from cbpo.retriever.index import study_index
 
 FETCH_MODELS = [MODEL, *([TEACHER_MODEL] if TEACHER_MODEL and "opd" in METHODS else [])]
 # a hub corpus the study's retrieval server indexes (search_backend=http, workflow/rules/retriever.smk)
-FETCH_CORPUS = ([corpus_item(config["retriever"]["corpus"], Path(DATA_ROOT))]
-                if config["search_backend"] == "http" and not config["search_url"] else [])
+FETCH_CORPUS = [corpus_item(config["retriever"]["corpus"], Path(DATA_ROOT))] if study_index(config) else []
 FETCH = missing(study_items(DATA, BENCHMARKS, FETCH_MODELS, Path(DATA_ROOT), Path("models"))
                 + [item for item in FETCH_CORPUS if item is not None])
 

@@ -3,12 +3,12 @@
 # (++tools_cfg.search_options.index) and leases a server on it: the first job on a machine
 # starts it, the last one's end stops it (cbpo/retriever/lease.py says why not Snakemake's
 # service() outputs). The index is built once per corpus and kind.
+from cbpo.retriever.index import STUDY_INDEX, study_index
+
 SEARCH_BACKEND = config["search_backend"]
-RETRIEVER = config["retriever"]
-RETRIEVER_INDEX = (f"data/retriever/{RETRIEVER['corpus']}-{RETRIEVER['kind']}"
-                   if SEARCH_BACKEND == "http" and not config["search_url"] else None)
+RETRIEVER_INDEX = study_index(config)
 # Where each corpus comes from: built here, or fetched into the data root (rule fetch).
-RETRIEVER_CORPORA = {"small": "data/retriever/small.jsonl", "wiki18": f"{DATA_ROOT}/search/wiki-18.jsonl"}
+RETRIEVER_CORPORA = {"small": "data/retriever/small.jsonl", "wiki18": str(corpus_item("wiki18", Path(DATA_ROOT)).target)}
 
 
 def search_args():
@@ -36,7 +36,7 @@ rule retriever_corpus:
 
 rule retriever:
     input: lambda w: RETRIEVER_CORPORA[w.corpus]
-    output: "data/retriever/{corpus}-{kind}/meta.json"
+    output: f"{STUDY_INDEX}/meta.json"
     log: "logs/retriever_{corpus}-{kind}.log"
     benchmark: "results/benchmarks/retriever_{corpus}-{kind}.tsv"
     wildcard_constraints: corpus="small|wiki18", kind="bm25|dense"

@@ -46,6 +46,12 @@ def test_dense_index_finds_the_passage_it_was_given(tmp_path):
         assert meta["faiss"] == faiss_kind and meta["model"]
         (hits,) = Index(tmp_path / faiss_kind).search(["which river flows through Africa"], 2)
         assert [h["id"] for h in hits][0] == "2" and hits[0]["score"] > hits[1]["score"]
+    # a model given by path is recorded, and the index embeds its queries with it
+    from cbpo.retriever.encoder import default_dense_model
+
+    meta = build_index(corpus, tmp_path / "named", "dense", model_path=default_dense_model())
+    assert meta["model_path"] == str(default_dense_model().resolve())
+    assert Index(tmp_path / "named").ranker.encoder.model_dir == default_dense_model().resolve()
 
 
 def test_a_bad_corpus_leaves_no_folder_and_the_command_names_its_line(tmp_path):
