@@ -15,7 +15,7 @@ export WANDB_MODE ?= offline
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: setup engines test main-tier engine-tier demo chains report docs bench clean
+.PHONY: setup engines test main-tier engine-tier demo chains credit report docs bench clean
 
 setup: $(STAMP)
 
@@ -72,6 +72,16 @@ demo: $(STAMP)
 chains: $(STAMP)
 	$(BIN)/snakemake -c2 seeds --config data=chains 'methods=[grpo,cbpo,arpo,gigpo,tree_grpo]'
 	@echo "results/tables/tiny/tiny/chains/seeds/{table1,forced}.md, results/figures/tiny/tiny/chains/seeds/credit_lab.md"
+
+# The credit-assignment testbed (issue #36, docs/cpu-testbed.md): the relay task's four decisions,
+# GRPO, CBPO with the paper's settings and its decision-branching variant, ARPO, GiGPO and
+# Tree-GRPO over study_seeds, every step's rollouts dumped for the credit lab. CREDIT_ARGS: more
+# config items and then options, e.g. CREDIT_ARGS="preset=smoke study_seeds=[0] -d /tmp/study"
+# (tests/workflow/test_credit_study.py runs that).
+CREDIT_METHODS := [grpo,cbpo,cbpo-decisions,arpo,gigpo,tree_grpo]
+credit: $(STAMP)
+	$(BIN)/snakemake -c2 seeds --config data=relay dump_every=1 'methods=$(CREDIT_METHODS)' $(CREDIT_ARGS)
+	@echo "results/tables/tiny/tiny/relay/seeds/{table1,forced}.md, results/figures/tiny/tiny/relay/seeds/credit_lab.md"
 
 # Snakemake's self-contained report of the demo's study (after make demo).
 report: $(STAMP)

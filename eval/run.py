@@ -197,7 +197,7 @@ def main(cfg: DictConfig) -> None:
 
     from cbpo.chat import resolve_system_prompt
     from cbpo.models import resolve_model
-    from cbpo.tasks import environment_tools
+    from cbpo.tasks import TASKS, environment_tools
     from cbpo.runs import DONE
 
     if cfg.benchmark not in list_benchmarks():  # named before any checkpoint is looked for
@@ -222,8 +222,10 @@ def main(cfg: DictConfig) -> None:
     device = resolve_device(cfg.device)
     engine, tokenizer = make_engine(cfg.evaluation.engine, ckpt, device, resolve_dtype(cfg.dtype, device),
                                     cfg.evaluation.temperature, cfg.seed)
-    # Every task offers both tools (Sec. 5.1); the built-in corpus serves search offline.
-    tools = environment_tools(["python", "search"], settings(cfg, "tools_cfg"), cfg.data.seed, cfg.data_root)
+    # Every task offers both tools (Sec. 5.1); the built-in corpus of the benchmark's task (the
+    # training data's, for any other benchmark) serves search offline.
+    tools = environment_tools(["python", "search"], settings(cfg, "tools_cfg"), cfg.data.seed, cfg.data_root,
+                              [bench] if bench in TASKS else cfg.data.tasks)
     agent_cfg = settings(cfg, "rl").agent
     generate = make_generate(engine, tokenizer, tools, agent_cfg, system_prompt, prefixes)
     scorer = make_scorer(benchmark_config(bench)["metric"], judge_config(cfg), fallback=cfg.judge_fallback)

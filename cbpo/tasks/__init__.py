@@ -24,6 +24,8 @@ TASKS = {
     # Chain tasks (issue #25): two decisions per response, the second after a tool observation.
     "arith_chain": "cbpo.tasks.arith_chain",
     "search_chain": "cbpo.tasks.search_chain",
+    # The credit-assignment testbed (issue #36): four decisions, three after tool observations.
+    "relay": "cbpo.tasks.relay",
 }
 
 
@@ -52,14 +54,16 @@ def has_decisions(name: str) -> bool:
 
 
 def environment_tools(names: Sequence[str], tools_cfg: ToolsConfig, seed: int,
-                      data_root: str | Path | None = None) -> dict[str, Callable[[str], str]]:
+                      data_root: str | Path | None = None, tasks: Sequence[str] = ()) -> dict[str, Callable[[str], str]]:
     """The tools a run's rollouts call (``cbpo.tools.build_tools``): without a ``search_backend``,
-    search is bm25 over the built-in search tasks' corpus, the two-hop world of ``seed``
-    (``cbpo.tasks.twohop``: the fork and chain search tasks ask the same world)."""
+    search is bm25 over the built-in tasks' corpus of ``seed``: the passages of every task of
+    ``tasks`` (the data's) that has a corpus of its own (``relay``'s lockers, ``twohop``'s
+    world), else the two-hop world (``cbpo.tasks.twohop``: the fork and chain search tasks ask
+    the same world)."""
     corpus = None
     if "search" in names and tools_cfg.search_backend is None:
-        from cbpo.tasks.twohop import corpus as twohop_corpus
-
-        corpus = twohop_corpus(seed)
+        own = [get_task(t) for t in tasks if t in TASKS and hasattr(get_task(t), "corpus")]
+        if not own:
+            own = [get_task("twohop")]
+        corpus = [passage for task in own for passage in task.corpus(seed)]
     return build_tools(names, tools_cfg, corpus=corpus, data_root=data_root)
-

@@ -9,7 +9,7 @@ import pytest
 from cbpo.chat import split_observations
 from cbpo.data import task_file, write_jsonl
 from cbpo.models import train_tokenizer
-from cbpo.tasks import arith_fork, search_chain, search_fork
+from cbpo.tasks import arith_fork, relay, search_chain, search_fork
 from eval import credit_lab
 
 
@@ -107,7 +107,7 @@ def test_a_chain_rollouts_decisions_are_both_actions_and_branch_points_at_either
                     chosen=[second, first + 1])
     record = credit_lab.rollout_record(dump, tok, search_chain.decision_spans, row["question"])
     assert record["decision_tokens"] == 2 and record["entropy_decision_sum"] == 4.0
-    assert record["second_sampled"] and record["second_wins"] and np.isnan(record["p_win_2"])  # no log-probs dumped
+    assert record["sampled_2"] and record["wins_2"] and np.isnan(record["p_win_2"])  # no log-probs dumped
     assert record["chosen"] == [second - first, 1] and record["chosen_at_decision"] == [True, False]
     assert record["candidates_at_decision"] == [True, False, True, False]
     table = credit_lab.distance_table({"cbpo": [record]}).iloc[0]
@@ -118,7 +118,7 @@ def test_a_chain_rollouts_decisions_are_both_actions_and_branch_points_at_either
     assert [r["branch"] for r in branches] == [[second - first], [second + 1 - first]]
     assert [r["branch_at_decision"] for r in branches] == [[True], [False]] and record["branch"] == []
     # A branch from the second decision samples it; one from after it copied it.
-    assert [r["second_sampled"] for r in branches] == [True, False]
+    assert [r["sampled_2"] for r in branches] == [True, False]
     early = next(r for r in search_chain.generate(0, 12, 2, p_lose=0.3)["train"]
                  if [d["wins"] for d in r["decisions"]] == [True, False])
     at = [sum(len(encode(tok, text)) for text, is_model in split_observations(early["trace"][: d["start"]]) if is_model)
@@ -126,7 +126,7 @@ def test_a_chain_rollouts_decisions_are_both_actions_and_branch_points_at_either
     dump = dump_row(tok, early, np.ones, at, p_taken=0.25)
     dump["logprob"][[i for i, m in enumerate(dump["model_mask"]) if m][at[1]]] = np.log(0.4)
     lost = credit_lab.rollout_record(dump, tok, search_chain.decision_spans, early["question"])
-    assert not lost["second_wins"] and lost["p_win_2"] == pytest.approx(0.6)
+    assert not lost["wins_2"] and lost["p_win_2"] == pytest.approx(0.6)
     assert credit_lab.summarise(pd.DataFrame([lost]))["win_rate_2"] == 0.0
     table = credit_lab.branch_table({"arpo": branches, "grpo": [record]})
     assert table["method"].tolist() == ["arpo"]
@@ -210,10 +210,17 @@ def test_credit_shares_win_rates_and_branch_distances(lab, tmp_path):
     assert table["p_win"][table.index.get_level_values("method") == "grpo"].isna().all()
     md = " ".join((tmp_path / "lab" / "credit.md").read_text().split())
     # b - d of the chosen points (-1, 4) and of the candidates (-1, 2, 4); GRPO has none.
-    assert "| cbpo | 2 | 0.500 | 0.000 | 0.000 | 1.500 | 3 | 0.333 | 0.000 |" in md and "| grpo | 0 |" not in md
-    # CBPO's one branch starts 4 tokens after the decision; GRPO has no branch rows.
-    assert "| cbpo | 1 | 0.000 | 0.000 | 0.000 | 4.000 |" in md
-    assert "The dumps of grpo hold no log-probs" in md and "| 1 | nan | nan | 0.800 |" in md
+    # The point before d resamples the decision; the one after it lies below the lost choice.
+    assert "| cbpo | 2 | 0.500 | 0.000 | 0.000 | 1.500 | 0.500 | 0.500 | 3 | 0.333 | 0.000 |" in md and "| grpo | 0 |" not in md
+    # CBPO's one branch starts 4 tokens after the decision, below its parent's losing choice; GRPO
+    # has no branch rows.
+    assert "| cbpo | 1 | 0.000 | 0.000 | 0.000 | 4.000 | 0.000 | 1.000 |" in md
+    assert (cbpo["branches"], cbpo["branch_resamples"], cbpo["branch_below_failed"]) == (1, 0.0, 1.0)
+    assert grpo["branches"] == 0 and np.isnan(grpo["branch_resamples"])
+    assert "The dumps of grpo hold no log-probs" in md and "| step | cbpo, search_fork | |---" in md
+    # Steps to 0.8 on every decision: GRPO's arith_fork first at step 2; CBPO never (one dumped
+    # step: counted as 2), one step behind GRPO's search_fork.
+    assert "| grpo | arith_fork | 2 | 2 | |" in md and "| cbpo | search_fork | >1 | 2 | +1.0 |" in md
 
 
 def test_dumps_without_logprobs_still_write_every_output(lab, tmp_path):
@@ -243,3 +250,49 @@ def test_a_run_of_tasks_without_decisions_exits_2(lab, tmp_path, capsys):
     argv = ["--runs", str(lab["runs"]["grpo"]), "--out", str(tmp_path / "x"), "--data-dir", str(lab["data_dir"])]
     assert credit_lab.main(argv) == 2
     assert "no rollout of a task with decisions" in capsys.readouterr().err
+
+
+def test_relay_decisions_count_only_below_a_prefix_that_has_not_lost(tmp_path):
+    """Four decisions: a trace that wins the first and loses the second by a wrong tool has
+    decision 2 sampled and lost, decision 3 (the answer after the dead end) not counted; its
+    branch points before decision 2 resample it, those after lie below the lost choice. Over two
+    seeds, the steps to 0.8 and the per-decision figure."""
+    rows = relay.generate(0, 60, 2, p_lose=0.5)["train"]
+    tok = train_tokenizer([t for r in rows for t in (r["question"], r["trace"])] * 4, bpe_vocab=400)
+    lost = next(r for r in rows if [(d["kind"], d["wins"]) for d in r["decisions"]][:2] == [("look_up", True), ("wrong_tool", False)])
+    won = next(r for r in rows if len(r["decisions"]) == 4 and all(d["wins"] for d in r["decisions"]))
+
+    def firsts(row):
+        return [sum(len(encode(tok, text)) for text, is_model in split_observations(row["trace"][: d["start"]]) if is_model)
+                for d in row["decisions"]]
+
+    at = firsts(lost)
+    record = credit_lab.rollout_record(dump_row(tok, lost, lambda n: np.where(np.arange(n) == at[1], -2.0, 0.5), at,
+                                                chosen=[at[1], at[1] + 1], candidates=[at[1], at[1] + 1]),
+                                       tok, relay.decision_spans, lost["question"])
+    assert [record[credit_lab.col("sampled", d)] for d in (1, 2, 3, 4)] == [True, True, False, False]
+    assert [record[credit_lab.col("wins", d)] for d in (1, 2)] == [True, False]
+    assert (record["credit"], record["credit_2"]) == (0.5, -2.0) and np.isnan(record["credit_3"])
+    assert record["chosen_resamples"] == [True, True] and record["chosen_below_failed"] == [False, True]
+    good = credit_lab.rollout_record(dump_row(tok, won, np.ones, firsts(won)), tok, relay.decision_spans, won["question"])
+    assert all(good[credit_lab.col("sampled", d)] and good[credit_lab.col("wins", d)] for d in (1, 2, 3, 4))
+    summary = credit_lab.summarise(pd.DataFrame([record, good]))
+    assert (summary["win_rate"], summary["win_rate_2"], summary["win_rate_3"]) == (1.0, 0.5, 1.0)
+    assert summary["credit_gap_2"] == 1.0 + 2.0  # the winning choice's tokens got 1, the losing one's -2
+
+    def recs(seed, step, n_good):
+        return [{"task": "relay", "seed": seed, "step": step, **r} for r in [record] + [good] * n_good]
+
+    # seed0 reaches 0.8 on every decision at step 2 (1 loss in 5), seed1 only at step 3.
+    records = {"grpo": recs("seed0", 1, 1) + recs("seed0", 2, 4) + recs("seed1", 1, 1) + recs("seed1", 2, 2) + recs("seed1", 3, 4),
+               "cbpo": recs("seed0", 1, 4) + recs("seed1", 1, 4)}
+    steps = credit_lab.steps_to(credit_lab.accuracy_by_seed(records), 0.8)
+    assert steps.set_index(["method", "seed"])["step"].to_dict() == {
+        ("grpo", "seed0"): 2, ("grpo", "seed1"): 3, ("cbpo", "seed0"): 1, ("cbpo", "seed1"): 1}
+    table = credit_lab.steps_table(steps, 0.8).set_index("method")
+    assert table.loc["cbpo", "- grpo"] == "-1.5 ± 6.4" and table.loc["grpo", "steps by seed"] == "2 / 3"
+    out = tmp_path / "relay"
+    credit_lab.write(records, out, "relay")
+    md = (tmp_path / "relay.md").read_text()
+    assert "## Decision 4: win rate per step" in md and "## Steps to 0.8 on every decision" in md
+    assert (tmp_path / "relay.png").stat().st_size > 0

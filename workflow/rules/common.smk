@@ -50,9 +50,10 @@ LABEL = config["label"] or f"{PRESET} preset, {MODEL}, {DATA} data"
 DATA_ROOT = os.path.abspath(shared_data_dir())  # $CBPO_SHARED_DATA or ../shared/data, passed to every job
 # Jobs run offline unless the caller exports HF_HUB_OFFLINE=0 (ENV below): plan the same way.
 OFFLINE = os.environ.get("HF_HUB_OFFLINE", "1") != "0"
-for method in RUNS:
-    get_method(method)  # an unknown method fails here, naming it and the known ones
 VARIANTS = config["variants"]
+for run in RUNS:
+    if run not in VARIANTS:  # a variant may be a Table 1 row (`make credit`); it is checked below
+        get_method(run)  # an unknown method fails here, naming it and the known ones
 for name, spec in VARIANTS.items():
     if name in known_methods():
         raise ValueError(f"variant {name!r} is a method's name: a variant needs a run folder of its own")

@@ -135,10 +135,11 @@ rule rl:
         launch=[] if BACKEND == "local" else [f"{ROOT}/slurm/ray-on-slurm.sh"],
         method=lambda w: method_of(w.trained),
         search=SEARCH,
+        dump=[] if config["dump_every"] is None else [f"rl.dump_every={config['dump_every']}"],
         variant=lambda w: [f"variant={w.trained}", *overrides_of(w.trained)] if w.trained in VARIANTS else [],
         # the teacher path is a method.* override: variant= keeps it from renaming the run
         teacher=lambda w: [f"variant={w.trained}", *(f"method.teacher={t}" for t in teacher_of(w))]
         if teacher_of(w) and w.trained not in VARIANTS else [f"method.teacher={t}" for t in teacher_of(w)],
     # Rollout dumps (every rl.dump_every steps and the last) feed Figs. 2 and 5 and the credit
     # lab; bookkeeping, the weights do not depend on them.
-    shell: command("cbpo.train stage=rl method={params.method:q}", JOB, "{params.variant:q} {params.teacher:q} {params.backend:q} {params.search:q} rl.dump_rollouts=true").replace("{PYTHON:q}", "{params.launch:q} {PYTHON:q}", 1)
+    shell: command("cbpo.train stage=rl method={params.method:q}", JOB, "{params.variant:q} {params.teacher:q} {params.backend:q} {params.search:q} rl.dump_rollouts=true {params.dump:q}").replace("{PYTHON:q}", "{params.launch:q} {PYTHON:q}", 1)

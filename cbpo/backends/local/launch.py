@@ -45,7 +45,8 @@ def run_local(cfg: DictConfig, out: Path) -> None:
                 sft(model, tokenizer, rows, settings(cfg, "sft"), out, log, system_prompt, dtype)
             else:
                 method = build_method(cfg, vocab_size=len(tokenizer))
-                tools = environment_tools(cfg.data.tools, settings(cfg, "tools_cfg"), cfg.data.seed, cfg.data_root)
+                tools = environment_tools(cfg.data.tools, settings(cfg, "tools_cfg"), cfg.data.seed, cfg.data_root,
+                                          cfg.data.tasks)
                 rewarder = Rewarder()
                 try:
                     rl_train(model, tokenizer, method, rows, tools, rewarder, settings(cfg, "rl"), out, log,

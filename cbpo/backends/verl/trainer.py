@@ -309,7 +309,7 @@ def group_rollouts(verl_dir: Path, train_files: str, tokenizer, generate, loop, 
     if method.off_context_credit:
         # no model here: collect samples and flags leaked hints (decoding), the actor rescores
         registry.setup(method, None, tokenizer, rl.temperature)
-    tools = environment_tools(cfg.data.tools, settings(cfg, "tools_cfg"), cfg.data.seed, cfg.data_root)
+    tools = environment_tools(cfg.data.tools, settings(cfg, "tools_cfg"), cfg.data.seed, cfg.data_root, cfg.data.tasks)
     rewarder = Rewarder()  # its verifier pool lives as long as the worker
     system_prompt = resolve_system_prompt(cfg.system_prompt)
     # K of Eq. 6 is the method's (CBPO's method.top_k); other methods keep the engine's default
