@@ -2,21 +2,21 @@
 observation, of three kinds, each a choice among the three action tags; a binary outcome that
 needs all four. The suite's positive-control testbed for credit assignment (docs/cpu-testbed.md).
 
-The world of a seed is a row of lockers ``L10`` … ``L199``, each holding a number from 10 to 99,
-one search passage each (``corpus``: ``Locker L47 holds 82.``). A question names a start locker
+The world of a seed is a row of lockers ``L10`` … ``L199``, each holding a key ``K10`` … ``K99``,
+one search passage each (``corpus``: ``Locker L47 holds K82.``). A question names a start locker
 and a step::
 
     Relay from L47 with step 17. What does the last locker hold?
 
-A winning trace opens the start locker, adds the step to what it holds, opens the locker of that
-sum, and answers with what that one holds::
+A winning trace opens the start locker, adds the step to its key's number, opens the locker of
+that sum, and answers with the number of the key that one holds::
 
     <search>L47</search><result>
-    Page 1: Locker L47 holds 82.
+    Page 1: Locker L47 holds K82.
     </result><python>print(82 + 17)</python><result>
     99
     </result><search>L99</search><result>
-    Page 1: Locker L99 holds 35.
+    Page 1: Locker L99 holds K35.
     </result><answer>The answer is \\boxed{35}</answer>
 
 Its decisions are the first action and the first action after each observation (``KINDS``):
@@ -25,9 +25,9 @@ search, then Python, then search, then answer. Each is one of the tags ``<search
 and no single rule ("call the tool again") wins them all. Every losing choice ends the chance of
 a right answer: answering before the last locker gives a number the relay passed (or its start);
 the wrong tool spends one of the three tool calls the relay needs (``rl.agent.max_tool_calls``
-is 3), and its observation carries no next step (``print("L47")`` prints the name back; a search
-for ``82 + 17`` finds lockers that hold 82 or 17, never the sum); a fourth call is refused by
-the agent loop ("turns"). The SFT traces lose at each decision they reach with probability
+is 3), and its observation shows the dead end (Python given ``L47`` raises a NameError; a search
+for ``82 + 17`` finds nothing, as only a locker's name and its key are words of the corpus); a
+fourth call is refused by the agent loop ("turns"). The SFT traces lose at each decision they reach with probability
 ``p_lose``, half the time by each losing choice, and a losing trace answers with the number it
 holds (or stops at its refused fourth call). The correct choices follow from nothing in the
 question: they are the procedure, which only rewards teach beyond SFT's mix.
@@ -42,7 +42,7 @@ from cbpo.tasks.forks import chain_decisions, chain_losers
 from cbpo.tools.search import SearchTool
 
 LOCKERS = range(10, 200)  # every start + step sum (20..198) is a locker
-HELD = range(10, 100)  # what a locker holds, and the steps
+HELD = range(10, 100)  # the numbers of the keys the lockers hold, and the steps
 QUESTION = "Relay from L{start} with step {step}. What does the last locker hold?"
 # Per decision, action tag -> (kind, wins).
 KINDS = (
@@ -56,15 +56,16 @@ N_DECISIONS = len(KINDS)  # per response, at most
 
 @lru_cache(maxsize=4)
 def lockers(seed: int) -> dict[int, int]:
-    """What each locker holds in the world of ``seed`` (treat as read-only)."""
+    """The number of the key each locker holds in the world of ``seed`` (treat as read-only)."""
     rng = random.Random(f"relay-world-{seed}")
     return {key: rng.choice(HELD) for key in LOCKERS}
 
 
 def corpus(seed: int) -> list[dict]:
     """One passage per locker: the search corpus of data whose tasks include ``relay``
-    (``cbpo.tasks.environment_tools``). Only a locker's own passage holds its name's token."""
-    return [{"id": f"relay-{seed}-L{key}", "title": "", "text": f"Locker L{key} holds {held}."}
+    (``cbpo.tasks.environment_tools``). Only a locker's own passage holds its name's token, and
+    no passage holds a bare number."""
+    return [{"id": f"relay-{seed}-L{key}", "title": "", "text": f"Locker L{key} holds K{held}."}
             for key, held in lockers(seed).items()]
 
 
@@ -72,6 +73,13 @@ def corpus(seed: int) -> list[dict]:
 def search_tool(seed: int, k: int = 3) -> SearchTool:
     """The environment's search over ``corpus(seed)``: bm25, top ``k``, as at RL time."""
     return SearchTool("bm25", k=k, corpus=corpus(seed))
+
+
+def name_error(name: str) -> str:
+    """What the Python sandbox prints for code that is a bare undefined ``name`` (the suite's
+    sandbox: ``cbpo.tools.sandbox``; a test runs it on the traces' calls)."""
+    return (f'Traceback (most recent call last):\n  File "<code>", line 1, in <module>\n    {name}\n'
+            f"NameError: name '{name}' is not defined\n")
 
 
 def decision_spans(text: str, question: str | None = None) -> list[dict]:
@@ -96,11 +104,9 @@ def relay_trace(seed: int, start: int, step: int, loses_at: int | None, losing: 
         if loses_at == n and losing == "answer":
             return text + f"{answer[0]}The answer is \\boxed{{{held}}}{answer[1]}"
         if loses_at == n:  # the other tool, with its own argument syntax
-            if losing == "python":
-                argument, output = f'print("{argument}")', f"{argument}\n"
-            else:
+            if losing == "search":
                 argument = argument.removeprefix("print(").removesuffix(")")
-                output = tool(argument)
+            output = tool(argument) if losing == "search" else name_error(argument)
             return (text + f"{TOOL_TAGS[losing][0]}{argument}{TOOL_TAGS[losing][1]}{format_observation(output)}"
                     f"{answer[0]}The answer is \\boxed{{{held}}}{answer[1]}")
         output = printed if printed is not None else tool(argument)

@@ -79,13 +79,21 @@ def test_every_observation_in_a_trace_is_what_the_environment_returns(splits):
                 assert format_observation(tools[tool](argument)) == observation, (row["id"], tool, argument)
                 calls += 1
     assert calls >= 12
+    # Each wrong tool's observation shows the dead end.
+    for row in sample:
+        for d in row["decisions"]:
+            if d["kind"] == "wrong_tool":
+                shown = row["trace"][d["end"]:].split("</result>", 1)[0]
+                assert ("NameError" in shown) if row["trace"][d["start"]:d["end"]] == TOOL_TAGS["python"][0] else \
+                    ("No search results found." in shown)
 
 
 def test_a_locker_search_finds_its_own_passage_alone_and_other_data_keeps_the_two_hop_world():
     tool = relay.search_tool(0)
     world = relay.lockers(0)
     for key in (10, 47, 199):
-        assert tool(f"L{key}") == f"Page 1: Locker L{key} holds {world[key]}."
+        assert tool(f"L{key}") == f"Page 1: Locker L{key} holds K{world[key]}."
+    assert tool("82 + 17") == "No search results found."  # the wrong tool's dead end: no passage holds a bare number
     forks = environment_tools(["search"], ToolsConfig(python_timeout=5.0, search_k=3), seed=0, tasks=["arith_fork", "search_fork"])["search"]
     assert "Locker" not in forks("L47") and forks("L47") == environment_tools(["search"], ToolsConfig(python_timeout=5.0, search_k=3), seed=0)["search"]("L47")
 
