@@ -91,7 +91,7 @@ def decision_spans(text: str, question: str | None = None) -> list[dict]:
 def relay_trace(seed: int, start: int, step: int, loses_at: int | None, losing: str, k: int = 3) -> str:
     """The SFT response; ``loses_at``: the decision (0-3) that takes ``losing`` (an action tag
     ``KINDS[loses_at]`` marks as losing), or ``None`` for the winning trace."""
-    search, python, answer = TOOL_TAGS["search"], TOOL_TAGS["python"], TOOL_TAGS["answer"]
+    answer = TOOL_TAGS["answer"]
     tool, world = search_tool(seed, k), lockers(seed)
     first = world[start]
     steps = (  # per decision: the winning action's tag, argument, observation; the value held after it
