@@ -78,7 +78,7 @@ chains: $(STAMP)
 # Tree-GRPO over study_seeds, every step's rollouts dumped for the credit lab. CREDIT_ARGS: more
 # config items and then options, e.g. CREDIT_ARGS="preset=smoke study_seeds=[0] -d /tmp/study"
 # (tests/workflow/test_credit_study.py runs that).
-CREDIT_METHODS := [grpo,cbpo,cbpo-decisions,arpo,gigpo,tree_grpo]
+CREDIT_METHODS := [grpo,cbpo,cbpo-decisions,cbpo-alive,arpo,gigpo,tree_grpo]
 credit: $(STAMP)
 	$(BIN)/snakemake -c2 seeds --config data=relay dump_every=1 'methods=$(CREDIT_METHODS)' $(CREDIT_ARGS)
 	@echo "results/tables/tiny/tiny/relay/seeds/{table1,forced}.md, results/figures/tiny/tiny/relay/seeds/credit_lab.md"

@@ -36,7 +36,9 @@ class CBPOConfig(ObjectiveConfig):
     gamma: float = 2.0  # entropy-increase scale (Eq. 9)
     # "full": fixed-interval windows over the whole response (the paper). "tool_boundary":
     # windows only where the model resumes after a tool observation (the ablation the paper
-    # names as missing, Sec. 6).
+    # names as missing, Sec. 6). "alive_boundary" (ours, not the paper's, issue #36): the tool
+    # boundaries before the first observation that showed a dead end (a tool error, an empty
+    # search), so that no branch starts below a prefix its observations already showed lost.
     candidates: str = "full"
 
     # Stage 1: balanced allocation (Eq. 10, Algorithm 1 lines 13-22).
@@ -54,8 +56,8 @@ class CBPOConfig(ObjectiveConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.candidates not in ("full", "tool_boundary"):
-            raise ValueError(f"candidates must be 'full' or 'tool_boundary', got {self.candidates!r}")
+        if self.candidates not in ("full", "tool_boundary", "alive_boundary"):
+            raise ValueError(f"candidates must be 'full', 'tool_boundary' or 'alive_boundary', got {self.candidates!r}")
         check_slots(self.budget, self.n0)
         for name in ("w", "d_min", "top_j", "top_k"):
             if getattr(self, name) < 1:

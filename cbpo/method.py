@@ -43,7 +43,8 @@ class CBPO:
             [t.model_entropies() for t in parents],
             self.vocab_size,
             cfg,
-            tool_boundaries=[t.tool_boundaries() for t in parents],
+            tool_boundaries=[t.alive_boundaries() if cfg.candidates == "alive_boundary" else t.tool_boundaries()
+                             for t in parents],
         )
         rest = [parents[i].branch_prefix(b, i) for i, b in plan.branches]
         rest += [Trajectory(prompt_ids=list(prompt), kind="fill") for _ in range(plan.fill)]

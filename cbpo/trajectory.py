@@ -35,6 +35,9 @@ class Trajectory:
     # log pi_old - log pi_ref of each sampled token (k1), 0.0 on observation tokens: filled by the
     # trainer, after collection, only for a method whose reward carries the KL (registry.reward_kl).
     ref_kl: list[float] = field(default_factory=list)
+    # Model-token positions where the model resumed after an observation that showed a dead end
+    # (a tool error, a search that found nothing: cbpo.rollout.agent.shows_dead_end), in order.
+    dead_ends: list[int] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -83,6 +86,12 @@ class Trajectory:
         cum = np.cumsum(mask) - 1  # model-token index of each response position
         return [int(cum[r]) for r in resumes]
 
+    def alive_boundaries(self) -> list[int]:
+        """The tool boundaries whose prefix no observation has shown to be a dead end: those
+        before the first of ``dead_ends`` (``candidates=alive_boundary``)."""
+        first = min(self.dead_ends, default=None)
+        return [b for b in self.tool_boundaries() if first is None or b < first]
+
     def branch_prefix(self, b: int, parent_index: int) -> "Trajectory":
         """The exact prefix before model token ``b`` (observations included, Eq. 11), as an
         unfinished branch that an agent loop can continue."""
@@ -97,6 +106,7 @@ class Trajectory:
             logprobs=self.logprobs[:cut],
             entropies=self.entropies[:cut],
             ref_kl=self.ref_kl[:cut],
+            dead_ends=[f for f in self.dead_ends if f <= b],
             finish="",
             tool_calls=self._observation_runs(cut),
             copied_tool_calls=self._observation_runs(cut),

@@ -11,6 +11,7 @@ looks at how each turn's sample ends.
 from __future__ import annotations
 
 import inspect
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -160,6 +161,8 @@ def run_agent(
                 if max_context is not None:
                     room = min(room, max_context - len(t.prompt_ids) - len(t.response_ids))
                 _extend(t, obs[:room], False)
+                if shows_dead_end(output):
+                    t.dead_ends.append(t.n_model_tokens)
                 if len(obs) >= room:
                     t.finish = "length"
                 admit(k)
@@ -306,6 +309,17 @@ def _call_tool(tools: Mapping[str, Tool], tool: str, arg: str | None) -> tuple[s
     return output, seconds
 
 
+# What a tool's output starts or holds when the call led nowhere: a Python traceback or the
+# sandbox's own errors, a tool that raised (_run_tool), a search that found nothing.
+_DEAD_END = re.compile(r"\A(?:Error: |No search results found\.\s*\Z)|^(?:Traceback \(most recent call last\)|"
+                       r"TimeoutError: execution exceeded|SandboxError: )", re.MULTILINE)
+
+
+def shows_dead_end(output: str) -> bool:
+    """Whether a tool's output shows that its call led nowhere (``Trajectory.dead_ends``)."""
+    return _DEAD_END.search(output) is not None
+
+
 def _observation_ids(tokenizer, output: str, cfg: AgentConfig, reserved) -> list[int]:
     limit = cfg.max_obs_tokens * OBS_CHARS_PER_TOKEN
     cut = len(output) > limit
@@ -336,4 +350,5 @@ def _copy(t: Trajectory) -> Trajectory:
         model_mask=list(t.model_mask),
         logprobs=list(t.logprobs),
         entropies=list(t.entropies),
+        dead_ends=list(t.dead_ends),
     )

@@ -124,3 +124,23 @@ def test_cbpo_starts_a_problems_branches_once_its_own_parents_are_done():
     phased = get_method("cbpo")(vocab_size=100, budget=8, n0=2, w=4, d_min=8).collect([[1, 2], [3]], scripted_sampler([]))
     for g, h in zip(groups, phased):
         assert [(t.kind, t.parent, t.at, t.response_ids) for t in g] == [(t.kind, t.parent, t.at, t.response_ids) for t in h]
+
+
+@pytest.mark.parametrize("dead_end, branches_at", [(None, {10}), (10, set())], ids=["alive", "after a dead end"])
+def test_cbpo_alive_boundary_branches_only_before_an_observation_that_showed_a_dead_end(dead_end, branches_at):
+    """The scripted responses resume after their one observation at model token 10; with alpha
+    above kappa that boundary is a branch point unless its observation showed a dead end."""
+    calls = []
+    sample = scripted_sampler(calls)
+
+    def marking(trajs):
+        out = sample(trajs)
+        for t in out:
+            t.dead_ends = [] if dead_end is None else [dead_end]
+        return out
+
+    cbpo = get_method("cbpo")(vocab_size=100, budget=8, n0=2, w=4, d_min=8, candidates="alive_boundary", alpha=0.9)
+    (group,) = cbpo.collect([[1, 2]], marking)
+    assert {t.at for t in group if t.kind == "branch"} == branches_at
+    if dead_end is not None:  # no candidate left: every slot past the parents is a filler
+        assert sum(t.kind == "fill" for t in group) == 6

@@ -11,7 +11,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
-METHODS = ("grpo", "cbpo", "cbpo-decisions", "arpo", "gigpo", "tree_grpo")
+METHODS = ("grpo", "cbpo", "cbpo-decisions", "cbpo-alive", "arpo", "gigpo", "tree_grpo")
 
 
 def make_credit(args: str, timeout: float) -> str:
@@ -48,7 +48,7 @@ def test_make_credit_runs_end_to_end_at_the_smoke_preset(tmp_path):
     make_credit(f"preset=smoke study_seeds=[0] -d {work}", timeout=1500)
     tables, figures = work / "results/tables/smoke/tiny/relay/seeds", work / "results/figures/smoke/tiny/relay/seeds"
     cells = pd.read_csv(tables / "table1.csv")
-    assert {"GRPO", "CBPO", "cbpo-decisions", "ARPO", "GIGPO", "Tree-GRPO", "SFT"} <= set(cells["row"])
+    assert {"GRPO", "CBPO", "cbpo-decisions", "cbpo-alive", "ARPO", "GIGPO", "Tree-GRPO", "SFT"} <= set(cells["row"])
     assert (tables / "forced.md").stat().st_size > 0
     lab = pd.read_csv(figures / "credit_lab.csv")
     assert set(lab["method"]) == set(METHODS)

@@ -7,7 +7,7 @@ import pytest
 
 from cbpo.reward import Rewarder
 from cbpo.rollout import agent
-from cbpo.rollout.agent import AgentConfig, run_agent
+from cbpo.rollout.agent import AgentConfig, run_agent, shows_dead_end
 from cbpo.rollout.engine import HFEngine, Sample
 from cbpo.tools.sandbox import SandboxRefused
 from cbpo.tools.search_cache import SearchCacheError
@@ -187,6 +187,38 @@ def test_tool_errors_become_observations(tokenizer):
         "<result>\nError: the python call has no opening tag\n</result>",
     ]
     assert all(t.finish == "answer" and t.tool_calls == 1 for t in out)
+
+
+def test_observations_that_show_a_dead_end_are_recorded_where_the_model_resumes(tokenizer):
+    """A Python traceback, a tool that raised and a search that found nothing are dead ends; a
+    printed value and search pages are not. A branch keeps those of its copied prefix."""
+    outputs = {"1": "2\n", "2": 'Traceback (most recent call last):\n  File "<code>", line 1\nNameError: x\n'}
+
+    def python(code):
+        if code == "3":
+            raise ValueError("boom")
+        return outputs[code]
+
+    def search(query):
+        return "No search results found." if query == "none" else "Page 1: No search results found. is a title"
+
+    engine = ScriptedEngine(tokenizer, [
+        ["<python>1</python>", "<search>none</search>", "<python>3</python>"],
+        ["<python>2</python>", "<search>page</search>", "<answer>1</answer>"],
+        ["<answer>1</answer>", "<answer>1</answer>"],
+    ])
+    ok, nothing, raised = run_agent(engine, tokenizer, [fresh(tokenizer) for _ in range(3)],
+                                    {"python": python, "search": search}, AgentConfig(max_tool_calls=2))
+    # A printed value, then a traceback: the first boundary stays alive, the second is the dead end.
+    first, second = ok.tool_boundaries()
+    assert ok.dead_ends == [second] and ok.alive_boundaries() == [first]
+    # An empty search, then pages: everything after the empty search is below a dead end.
+    assert nothing.dead_ends == [nothing.tool_boundaries()[0]] and nothing.alive_boundaries() == []
+    assert raised.dead_ends == raised.tool_boundaries() and raised.alive_boundaries() == []
+    assert [shows_dead_end(o) for o in (outputs["2"], "Error: ValueError: boom", "No search results found.", "2\n",
+                                        "Page 1: No search results found. is a title")] == [True, True, True, False, False]
+    assert nothing.branch_prefix(nothing.tool_boundaries()[0], 0).dead_ends == nothing.dead_ends
+    assert nothing.branch_prefix(nothing.tool_boundaries()[0] - 1, 0).dead_ends == []
 
 
 @pytest.mark.parametrize("error", [SearchCacheError("cache.sqlite: file is not a database"), SandboxRefused("root")])
