@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import zlib
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -49,7 +50,11 @@ def figure(**kwargs) -> Figure:
 
 
 def color(method: str):
-    """One colour per method in every figure: tab20's ten dark shades first, then its light ones."""
+    """One colour per method in every figure: tab20's ten dark shades first, then its light ones.
+    Any other run (a variant, ``cbpo-alive``) takes one of tab20b's by a hash of its name: the
+    same in every figure and every process."""
+    if method not in known_methods():
+        return colormaps["tab20b"](zlib.crc32(method.encode()) % 20)
     i = known_methods().index(method) % 20
     return colormaps["tab20"](2 * i % 20 + i // 10)
 

@@ -285,12 +285,12 @@ def test_relay_decisions_count_only_below_a_prefix_that_has_not_lost(tmp_path):
 
     # seed0 reaches 0.8 on every decision at step 2 (1 loss in 5), seed1 only at step 3.
     records = {"grpo": recs("seed0", 1, 1) + recs("seed0", 2, 4) + recs("seed1", 1, 1) + recs("seed1", 2, 2) + recs("seed1", 3, 4),
-               "cbpo": recs("seed0", 1, 4) + recs("seed1", 1, 4)}
+               "cbpo-alive": recs("seed0", 1, 4) + recs("seed1", 1, 4)}  # a variant: a run name, not a method
     steps = credit_lab.steps_to(credit_lab.accuracy_by_seed(records), 0.8)
     assert steps.set_index(["method", "seed"])["step"].to_dict() == {
-        ("grpo", "seed0"): 2, ("grpo", "seed1"): 3, ("cbpo", "seed0"): 1, ("cbpo", "seed1"): 1}
+        ("grpo", "seed0"): 2, ("grpo", "seed1"): 3, ("cbpo-alive", "seed0"): 1, ("cbpo-alive", "seed1"): 1}
     table = credit_lab.steps_table(steps, 0.8).set_index("method")
-    assert table.loc["cbpo", "- grpo"] == "-1.5 ± 6.4" and table.loc["grpo", "steps by seed"] == "2 / 3"
+    assert table.loc["cbpo-alive", "- grpo"] == "-1.5 ± 6.4" and table.loc["grpo", "steps by seed"] == "2 / 3"
     out = tmp_path / "relay"
     credit_lab.write(records, out, "relay")
     md = (tmp_path / "relay.md").read_text()

@@ -193,3 +193,11 @@ def test_without_any_chosen_branch_point_fig2_shows_the_newest_dump(study):
     path, groups, (x, k) = dump_response(run)
     assert path.name == "step_000005.jsonl" and not groups[x][k]["chosen"]
     assert main(command(study, "fig2")) == 0
+
+
+def test_a_method_keeps_its_colour_and_a_variant_gets_its_own():
+    from eval.figures import color
+
+    assert color("grpo") != color("cbpo")
+    assert color("cbpo-alive") == color("cbpo-alive") != color("cbpo-decisions")
+    assert {color("cbpo-alive"), color("cbpo-decisions")}.isdisjoint({color("grpo"), color("cbpo")})
