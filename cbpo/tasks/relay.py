@@ -27,9 +27,9 @@ a right answer: answering before the last locker gives a number the relay passed
 the wrong tool spends one of the three tool calls the relay needs (``rl.agent.max_tool_calls``
 is 3), and its observation shows the dead end (Python given ``L47`` raises a NameError; a search
 for ``82 + 17`` finds nothing, as only a locker's name and its key are words of the corpus); a
-fourth call is refused by the agent loop ("turns"). The SFT traces lose at each decision they reach with probability
-``p_lose``, half the time by each losing choice, and a losing trace answers with the number it
-holds (or stops at its refused fourth call). The correct choices follow from nothing in the
+fourth call is refused by the agent loop ("turns"). The SFT traces lose at each decision they
+reach with probability ``p_lose``, half the time by each losing choice, and a losing trace
+answers with the number it holds (or stops at its refused fourth call). The correct choices follow from nothing in the
 question: they are the procedure, which only rewards teach beyond SFT's mix.
 """
 from __future__ import annotations
