@@ -224,6 +224,12 @@ def _mean(values: pd.Series) -> float:
     return float(values.mean()) if len(values) else float("nan")
 
 
+def sampled_at(df: pd.DataFrame, d: int) -> tuple[pd.DataFrame, pd.Series]:
+    """The records that sampled decision ``d`` below a prefix not yet lost, and whether each won it."""
+    sampled = df[df[col("sampled", d)]]
+    return sampled, sampled[col("wins", d)].astype(bool)
+
+
 def summarise(df: pd.DataFrame) -> dict:
     decided = df[df["decided"]]
     other_tokens = df["loss_tokens"].sum() - df["decision_tokens"].sum()
@@ -244,8 +250,7 @@ def summarise(df: pd.DataFrame) -> dict:
         "branch_below_failed": float(np.mean([x for xs in df["branch_below_failed"] for x in xs])) if branches else float("nan"),
     }
     for d in range(1, MAX_DECISIONS + 1):
-        sampled = df[df[col("sampled", d)]]
-        won = sampled[col("wins", d)].astype(bool)
+        sampled, won = sampled_at(df, d)
         out[col("p_win", d)] = sampled[col("p_win", d)].mean()  # NaN (dumps without log-probs) is left out
         out[col("win_rate", d)] = _ratio(won.sum(), len(sampled))
         # the advantage a winning choice's tokens get, less a losing one's: > 0 credits the right choice
@@ -275,8 +280,8 @@ def accuracy_by_seed(records: dict[str, list[dict]]) -> pd.DataFrame:
         for (task, seed, step), part in pd.DataFrame(recs).groupby(["task", "seed", "step"]):
             row = {"method": method, "task": task, "seed": seed, "step": int(step)}
             for d in range(1, get_task(task).N_DECISIONS + 1):
-                sampled = part[part[col("sampled", d)]]
-                row[f"d{d}"] = _ratio(sampled[col("wins", d)].sum(), len(sampled))
+                _, won = sampled_at(part, d)
+                row[f"d{d}"] = _ratio(won.sum(), len(won))
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -439,11 +444,11 @@ def write(records: dict[str, list[dict]], out: Path, label: str, target: float =
         parts += [f"The dumps of {', '.join(without_logprobs)} hold no log-probs (written before they were kept): "
                   "p_win is NaN there.", ""]
     parts += [overall.dropna(axis=1, how="all").to_markdown(index=False, floatfmt=".4f"), ""]
-    steps = steps_table(steps_to(accuracy, target), target)
+    to_target = steps_table(steps_to(accuracy, target), target)
     parts += [f"## Steps to {target:g} on every decision", "",
               f"Per seed, the first dumped step at which every decision's win rate reaches {target:g} (>N: not by the "
               "last dumped step N, counted as N + 1); the difference from GRPO is paired by seed (mean ± 95% t "
-              "half-width).", "", steps.fillna("").to_markdown(index=False, disable_numparse=True), ""]
+              "half-width).", "", to_target.fillna("").to_markdown(index=False, disable_numparse=True), ""]
     sections = [("Decision-token probability (p_win) per step", "p_win"), ("Win rate per step", "win_rate")]
     sections += [(f"Decision {d}: {name} per step", col(column, d)) for d in range(2, MAX_DECISIONS + 1)
                  for name, column in (("p_win", "p_win"), ("win rate", "win_rate"))]

@@ -19,6 +19,7 @@ from typing import Any, Callable, Generator, Mapping, Sequence
 
 from cbpo.chat import IM_END, TOOL_NAMES, TOOL_TAGS, format_observation, reserved_pattern, sanitise_observation
 from cbpo.tools.sandbox import SandboxRefused
+from cbpo.tools.search import NO_RESULTS
 from cbpo.tools.search_cache import SearchCacheError
 from cbpo.trajectory import Trajectory
 
@@ -310,8 +311,8 @@ def _call_tool(tools: Mapping[str, Tool], tool: str, arg: str | None) -> tuple[s
 
 
 # What a tool's output starts or holds when the call led nowhere: a Python traceback or the
-# sandbox's own errors, a tool that raised (_run_tool), a search that found nothing.
-_DEAD_END = re.compile(r"\A(?:Error: |No search results found\.\s*\Z)|^(?:Traceback \(most recent call last\)|"
+# sandbox's own errors, a tool that raised (_call_tool's "Error: "), a search that found nothing.
+_DEAD_END = re.compile(rf"\A(?:Error: |{re.escape(NO_RESULTS)}\s*\Z)|^(?:Traceback \(most recent call last\)|"
                        r"TimeoutError: execution exceeded|SandboxError: )", re.MULTILINE)
 
 

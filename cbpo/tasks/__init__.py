@@ -62,8 +62,6 @@ def environment_tools(names: Sequence[str], tools_cfg: ToolsConfig, seed: int,
     the same world)."""
     corpus = None
     if "search" in names and tools_cfg.search_backend is None:
-        own = [get_task(t) for t in tasks if t in TASKS and hasattr(get_task(t), "corpus")]
-        if not own:
-            own = [get_task("twohop")]
-        corpus = [passage for task in own for passage in task.corpus(seed)]
+        own = [task for task in (get_task(t) for t in tasks if t in TASKS) if hasattr(task, "corpus")]
+        corpus = [passage for task in own or [get_task("twohop")] for passage in task.corpus(seed)]
     return build_tools(names, tools_cfg, corpus=corpus, data_root=data_root)

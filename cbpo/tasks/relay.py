@@ -91,8 +91,11 @@ def decision_spans(text: str, question: str | None = None) -> list[dict]:
 def relay_trace(seed: int, start: int, step: int, loses_at: int | None, losing: str, k: int = 3) -> str:
     """The SFT response; ``loses_at``: the decision (0-3) that takes ``losing`` (an action tag
     ``KINDS[loses_at]`` marks as losing), or ``None`` for the winning trace."""
-    answer = TOOL_TAGS["answer"]
     tool, world = search_tool(seed, k), lockers(seed)
+
+    def answering(value: int) -> str:
+        return f"{TOOL_TAGS['answer'][0]}The answer is \\boxed{{{value}}}{TOOL_TAGS['answer'][1]}"
+
     first = world[start]
     steps = (  # per decision: the winning action's tag, argument, observation; the value held after it
         ("search", f"L{start}", None, first),
@@ -102,13 +105,14 @@ def relay_trace(seed: int, start: int, step: int, loses_at: int | None, losing: 
     text, held = "", start
     for n, (tag, argument, printed, after) in enumerate(steps):
         if loses_at == n and losing == "answer":
-            return text + f"{answer[0]}The answer is \\boxed{{{held}}}{answer[1]}"
+            return text + answering(held)
         if loses_at == n:  # the other tool, with its own argument syntax
             if losing == "search":
                 argument = argument.removeprefix("print(").removesuffix(")")
-            output = tool(argument) if losing == "search" else name_error(argument)
-            return (text + f"{TOOL_TAGS[losing][0]}{argument}{TOOL_TAGS[losing][1]}{format_observation(output)}"
-                    f"{answer[0]}The answer is \\boxed{{{held}}}{answer[1]}")
+                output = tool(argument)
+            else:
+                output = name_error(argument)
+            return text + f"{TOOL_TAGS[losing][0]}{argument}{TOOL_TAGS[losing][1]}{format_observation(output)}" + answering(held)
         output = printed if printed is not None else tool(argument)
         if tag == "search" and output.count("Page ") != 1:  # the trace must follow from what bm25 returns
             raise RuntimeError(f"bm25 top-{k} for {argument!r} is not its locker's passage alone: {output!r}")
@@ -118,7 +122,7 @@ def relay_trace(seed: int, start: int, step: int, loses_at: int | None, losing: 
     if loses_at == 3:  # a fourth call, which the agent loop refuses: the response ends there
         open_, close = TOOL_TAGS[losing]
         return text + f"{open_}{f'print({held})' if losing == 'python' else f'L{held}'}{close}"
-    return text + f"{answer[0]}The answer is \\boxed{{{held}}}{answer[1]}"
+    return text + answering(held)
 
 
 def questions(rng: random.Random, n_train: int, n_test: int, world: dict[int, int]) -> dict[str, list[tuple[int, int]]]:
