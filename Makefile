@@ -75,13 +75,15 @@ chains: $(STAMP)
 
 # The credit-assignment testbed (issue #36, docs/cpu-testbed.md): the relay task's four decisions,
 # GRPO, CBPO with the paper's settings and its decision-branching variant, ARPO, GiGPO and
-# Tree-GRPO over study_seeds, every step's rollouts dumped for the credit lab. CREDIT_ARGS: more
-# config items and then options, e.g. CREDIT_ARGS="preset=smoke study_seeds=[0] -d /tmp/study"
+# Tree-GRPO over study_seeds, every step's rollouts dumped for the credit lab. CREDIT_DATA=relay-hard:
+# the relay with its SFT policy started near 25% per decision. CREDIT_ARGS: more config items and
+# then options, e.g. CREDIT_ARGS="preset=smoke study_seeds=[0] -d /tmp/study"
 # (tests/workflow/test_credit_study.py runs that).
+CREDIT_DATA := relay
 CREDIT_METHODS := [grpo,cbpo,cbpo-decisions,cbpo-alive,arpo,gigpo,tree_grpo]
 credit: $(STAMP)
-	$(BIN)/snakemake -c2 seeds --config data=relay dump_every=1 'methods=$(CREDIT_METHODS)' $(CREDIT_ARGS)
-	@echo "results/tables/tiny/tiny/relay/seeds/{table1,forced}.md, results/figures/tiny/tiny/relay/seeds/credit_lab.md"
+	$(BIN)/snakemake -c2 seeds --config data=$(CREDIT_DATA) dump_every=1 'methods=$(CREDIT_METHODS)' $(CREDIT_ARGS)
+	@echo "results/tables/tiny/tiny/$(CREDIT_DATA)/seeds/{table1,forced}.md, results/figures/tiny/tiny/$(CREDIT_DATA)/seeds/credit_lab.md"
 
 # Snakemake's self-contained report of the demo's study (after make demo).
 report: $(STAMP)

@@ -26,6 +26,7 @@ TASKS = {
     "search_chain": "cbpo.tasks.search_chain",
     # The credit-assignment testbed (issue #36): four decisions, three after tool observations.
     "relay": "cbpo.tasks.relay",
+    "relay_hard": "cbpo.tasks.relay_hard",  # the relay with SFT starting near 25% per decision
 }
 
 

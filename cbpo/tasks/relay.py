@@ -142,12 +142,14 @@ def questions(rng: random.Random, n_train: int, n_test: int, world: dict[int, in
     return splits
 
 
-def generate(seed: int, n_train: int, n_test: int, p_lose: float = 0.5, k: int = 3) -> dict[str, list[dict]]:
+def generate(seed: int, n_train: int, n_test: int, p_lose: float = 0.5, k: int = 3,
+             task: str = "relay") -> dict[str, list[dict]]:
     """``{"train": rows, "test": rows}``, deterministic in ``seed``; traces observe bm25 top-``k``
     (the preset's ``tools_cfg.search_k``); at each decision a share ``p_lose`` of the traces that
     reach it takes a losing choice (``forks.chain_losers``), each of its two losing tags for half
     of them. The test split is drawn first, and the losing draws have their own streams, so the
-    test questions change with neither ``n_train`` nor ``p_lose``."""
+    test questions change with neither ``n_train`` nor ``p_lose``. Row ids start with ``task``
+    (``relay_hard`` names its own)."""
     world = lockers(seed)
     pairs = questions(random.Random(f"relay-{seed}"), n_train, n_test, world)
     lose_rng, tag_rng = random.Random(f"relay-lose-{seed}"), random.Random(f"relay-tag-{seed}")
@@ -157,7 +159,7 @@ def generate(seed: int, n_train: int, n_test: int, p_lose: float = 0.5, k: int =
         for n, ((start, step), loses_at) in enumerate(zip(pairs[split], chain_losers(lose_rng, len(pairs[split]), p_lose, N_DECISIONS))):
             losing = "" if loses_at is None else tag_rng.choice(sorted(t for t, (_, wins) in KINDS[loses_at].items() if not wins))
             text = relay_trace(seed, start, step, loses_at, losing, k)
-            splits[split].append({"id": f"relay-{split}-{n:06d}", "question": QUESTION.format(start=start, step=step),
+            splits[split].append({"id": f"{task}-{split}-{n:06d}", "question": QUESTION.format(start=start, step=step),
                                   "answer": str(world[world[start] + step]), "domain": "math", "trace": text,
                                   "decisions": decision_spans(text)})
     return {"train": splits["train"], "test": splits["test"]}

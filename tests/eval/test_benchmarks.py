@@ -16,7 +16,7 @@ TABLE1 = {
 
 
 def test_every_table1_benchmark_and_builtin_task_has_a_valid_config():
-    assert set(TABLE1) | {"arith", "twohop", "arith_fork", "search_fork", "arith_chain", "search_chain", "relay"} == set(list_benchmarks())
+    assert set(TABLE1) | {"arith", "twohop", "arith_fork", "search_fork", "arith_chain", "search_chain", "relay", "relay_hard"} == set(list_benchmarks())
     for name, column in TABLE1.items():
         config = benchmark_config(name)
         assert config["display_name"] == column

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from cbpo.chat import TOOL_TAGS, format_observation
-from cbpo.tasks import environment_tools, get_task, relay
+from cbpo.tasks import environment_tools, get_task, has_decisions, relay
 from cbpo.tools import ToolsConfig
 from eval.verifiers.extract import extract_answer
 
@@ -104,3 +104,18 @@ def test_the_tiny_preset_leaves_no_tool_call_to_waste():
     preset = yaml.safe_load((ROOT / "configs" / "preset" / "tiny.yaml").read_text())
     winning = relay.generate(seed=0, n_train=0, n_test=1, p_lose=0.0)["test"][0]["trace"]
     assert preset["rl"]["agent"]["max_tool_calls"] == len(CALL.findall(winning)) == 3
+
+
+def test_relay_hard_is_the_relay_with_its_own_name_and_a_lower_start():
+    hard_config = yaml.safe_load((ROOT / "configs" / "data" / "relay-hard.yaml").read_text())
+    assert hard_config["tasks"] == ["relay_hard"] and hard_config["task_options"]["p_lose"] == 0.75
+    hard = get_task("relay_hard")
+    assert has_decisions("relay_hard") and hard.N_DECISIONS == relay.N_DECISIONS and hard.corpus(0) == relay.corpus(0)
+    rows, same = hard.generate(seed=0, n_train=400, n_test=60), relay.generate(seed=0, n_train=400, n_test=60, p_lose=0.75)
+    # Its ids name it (the credit lab finds a problem's task by its id's first part); nothing else differs.
+    assert all(row["id"].startswith("relay_hard-") for row in rows["train"] + rows["test"])
+    strip = lambda split: [{**row, "id": row["id"].split("-", 1)[1]} for row in split]  # noqa: E731
+    assert {s: strip(rows[s]) for s in rows} == {s: strip(same[s]) for s in same}
+    # Its first decision loses three times in four, so its SFT policy starts lower than the relay's.
+    lost = sum(not row["decisions"][0]["wins"] for row in rows["train"])
+    assert lost == round(0.75 * len(rows["train"]))
