@@ -70,7 +70,7 @@ def test_tables_refuse_a_forced_evaluation(tmp_path):
 
 
 @pytest.mark.parametrize(("benchmark", "forced", "message"), [
-    ("arith", 1, "arith is not one (with decisions: arith_chain, arith_fork, relay, search_chain, search_fork)"),
+    ("arith", 1, "arith is not one (with decisions: arith_chain, arith_fork, relay, relay_hard, search_chain, search_fork)"),
     ("arith_chain", 3, "fewer than forced=3"),
 ])
 def test_forced_needs_a_task_with_that_many_decisions(workdir, benchmark, forced, message):
