@@ -18,6 +18,16 @@ different samples.
         --checkpoint runs/tiny/tiny/forks/seed0/sft/final --tasks arith_fork search_fork
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_rollout.py --checkpoint models/smollm2-135m
 
+``--admission both`` (vLLM only) runs every repeat under both of the agent loop's admissions on
+the one engine (``VLLMEngine.admission``: ``stream``, rows join vLLM's batch as soon as they are
+ready; ``rounds``, each round waits for its slowest row) and prints, per method and admission,
+the engine steps and the mean unfinished rows per step besides the tokens and wall time; then
+the excess of CBPO's wall over its tokens (wall ratio / token ratio) under each, and as the last
+line ``excess stream=X rounds=Y; cbpo stream/rounds=Z``:
+
+    OMP_NUM_THREADS=2 .venv-engines/bin/python benchmarks/bench_rollout.py --engine vllm --admission both \
+        --checkpoint models/smollm2-135m
+
 ``--tasks`` should be those the checkpoint was trained on (the demo's: the fork tasks); half the
 problems come from the first task's test split, half from the last's.
 
@@ -38,37 +48,48 @@ import torch
 from cbpo.chat import build_prompt
 from cbpo.data import load_split
 from cbpo.models import load_model, prepare_model
+from cbpo import registry
 from cbpo.registry import get_method
+from cbpo.backends.local.rl import rollout_counts
 from cbpo.rollout.agent import AgentConfig, run_agent
 from cbpo.rollout.engine import HFEngine
 from cbpo.tasks import environment_tools
 from cbpo.tools import ToolsConfig
-from cbpo.backends.local.rl import prefill_counts
 
 
-def measure(method, prompts, engine, tokenizer, tools, agent_cfg):
+def measure(method, problems, engine, tokenizer, tools, agent_cfg):
+    """One collection of ``problems`` (data rows) as the trainer's (``registry.collect``),
+    unscored: its token, call and prefill counts and wall time."""
     def sample(trajs, follow_up=None):
         return run_agent(engine, tokenizer, trajs, tools, agent_cfg, follow_up)
 
-    before = prefill_counts(engine)
+    def encode(question):
+        return build_prompt(tokenizer, question)
+
+    before = rollout_counts(engine)
     t0 = time.perf_counter()
     with torch.no_grad():
-        groups = method.collect(prompts, sample)
+        groups = registry.collect(method, [encode(r["question"]) for r in problems], sample,
+                                  registry.Problems(problems, encode, lambda groups, indices: None))
     wall = time.perf_counter() - t0
-    after = prefill_counts(engine)
+    after = rollout_counts(engine)
     flat = [t for g in groups for t in g]
-    prefill = {}
-    if after:
-        prefill["prefill"] = after["prefill_tokens"] - before["prefill_tokens"]
-        prefill["prefill_computed"] = prefill["prefill"] - (after["prefill_cached_tokens"] - before["prefill_cached_tokens"])
+    counts = {k: after[k] - before[k] for k in after}
     return {
         "rollouts": len(flat),
         "tokens": sum(t.generated_tokens for t in flat),
         "tool_calls": sum(t.tool_calls - t.copied_tool_calls for t in flat),
         "branches": sum(t.kind == "branch" for t in flat),
-        **prefill,
+        **counts,
         "seconds": wall,
     }
+
+
+def cpu_isa() -> str:
+    """The widest vector ISA of this CPU that vLLM's CPU kernels use (AVX-512 or AVX2)."""
+    flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("flags")), []) if Path("/proc/cpuinfo").exists() else []
+    return "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "neither AVX-512 nor AVX2"
 
 
 def build_engine(name: str, checkpoint: Path, model, tokenizer):
@@ -96,12 +117,17 @@ def main() -> None:
     ap.add_argument("--problems", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="rollout engine (vllm: also prefill tokens)")
+    ap.add_argument("--admission", choices=["stream", "rounds", "both"], default="stream",
+                    help="vllm: how rows join its running batch (both: each repeat under each, on one engine)")
     # One thread on a loaded machine: two threads there wait on each other (2-20x slower).
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
+    if args.engine == "hf" and args.admission != "stream":
+        ap.error("--admission applies to --engine vllm (the HF engine always streams)")
     torch.set_num_threads(args.threads)
     from cbpo.tasks import generate_task
 
+    admissions = ["stream", "rounds"] if args.admission == "both" else [args.admission]
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = args.data_dir
         if not all((data_dir / "tasks" / task / "test.jsonl").is_file() for task in args.tasks):
@@ -119,36 +145,50 @@ def main() -> None:
         agent_cfg = AgentConfig(max_tool_calls=3, max_new_tokens=64, max_total_tokens=256, max_obs_tokens=96)
         half = args.problems // 2
         picked = rows[:half] + rows[-(args.problems - half):]  # both domains
-        prompts = [build_prompt(tokenizer, r["question"]) for r in picked]
         methods = {
             "grpo": get_method("grpo")(budget=16),
             "cbpo": get_method("cbpo")(vocab_size=len(tokenizer), budget=16, n0=6, w=4, d_min=8),
         }
-        runs = {name: [] for name in methods}
+        runs = {(name, a): [] for a in admissions for name in methods}
         load = os.getloadavg()[0]
         # One engine, as in training: its one-off set-up (the stop-string table) stays out of the timings.
         engine = build_engine(args.engine, ckpt, model, tokenizer)
         # Untimed: the first batch pays for allocator and kernel warm-up, which went to GRPO's first repeat.
-        measure(methods["grpo"], prompts[:1], engine, tokenizer, tools, agent_cfg)
+        measure(methods["grpo"], picked[:1], engine, tokenizer, tools, agent_cfg)
         for rep in range(args.repeats):
-            for name, method in methods.items():
-                start_run(engine, rep)
-                runs[name].append(measure(method, prompts, engine, tokenizer, tools, agent_cfg))
-                r = runs[name][-1]
-                print(f"repeat {rep} {name}: generated tokens {r['tokens']}, wall {r['seconds']:.2f} s", flush=True)
+            for admission in admissions:
+                if args.engine == "vllm":
+                    engine.admission = admission
+                for name, method in methods.items():
+                    start_run(engine, rep)
+                    runs[name, admission].append(measure(method, picked, engine, tokenizer, tools, agent_cfg))
+                    r = runs[name, admission][-1]
+                    print(f"repeat {rep} {name} {admission}: generated tokens {r['tokens']}, wall {r['seconds']:.2f} s", flush=True)
     print(f"checkpoint: {args.checkpoint or 'fresh tiny model'}; engine {args.engine}; tasks {' '.join(args.tasks)}; "
           f"{args.problems} problems x 16 slots, median of {args.repeats} repeats; {torch.get_num_threads()} threads; "
-          f"load average {load:.2f} before, {os.getloadavg()[0]:.2f} after")
-    med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
-    for name, t in med.items():
-        prefill = f", prompt tokens {t['prefill']:.0f} (computed, not cached: {t['prefill_computed']:.0f})" if "prefill" in t else ""
-        print(f"{name}: rollouts {t['rollouts']:.0f}, branches {t['branches']:.0f}, generated tokens {t['tokens']:.0f}, "
-              f"tool calls {t['tool_calls']:.0f}{prefill}, wall {t['seconds']:.2f} s, {t['tokens'] / t['seconds']:.0f} tok/s")
-    g, c = med["grpo"], med["cbpo"]
-    ratios = [cr["seconds"] / gr["seconds"] for gr, cr in zip(runs["grpo"], runs["cbpo"])]
-    prefill = f", prefill computed {c['prefill_computed'] / g['prefill_computed']:.3f}" if "prefill" in g else ""
-    print(f"CBPO / GRPO: generated tokens {c['tokens'] / g['tokens']:.3f}{prefill}, wall time {c['seconds'] / g['seconds']:.3f} "
-          f"(per repeat: {', '.join(f'{x:.3f}' for x in ratios)})")
+          f"load average {load:.2f} before, {os.getloadavg()[0]:.2f} after; CPU {cpu_isa()}")
+    med = {key: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for key, rs in runs.items()}
+    for (name, admission), t in med.items():
+        vllm = (f", prompt tokens {t['prefill_tokens']:.0f} (cache hits {t['prefill_cached_tokens']:.0f}, computed "
+                f"{t['prefill_computed_tokens']:.0f}), engine steps {t['engine_steps']:.0f}, "
+                f"mean rows per step {t['engine_step_rows'] / max(t['engine_steps'], 1):.1f}") if "engine_steps" in t else ""
+        print(f"{name} {admission}: rollouts {t['rollouts']:.0f}, branches {t['branches']:.0f}, generated tokens {t['tokens']:.0f}, "
+              f"tool calls {t['tool_calls']:.0f}{vllm}, wall {t['seconds']:.2f} s, {t['tokens'] / t['seconds']:.0f} tok/s")
+    excess = {}
+    for admission in admissions:
+        g, c = med["grpo", admission], med["cbpo", admission]
+        ratios = [cr["seconds"] / gr["seconds"] for gr, cr in zip(runs["grpo", admission], runs["cbpo", admission])]
+        prefill = (f", prefill computed {c['prefill_computed_tokens'] / g['prefill_computed_tokens']:.3f}"
+                   if "engine_steps" in g else "")
+        tokens, wall = c["tokens"] / g["tokens"], c["seconds"] / g["seconds"]
+        excess[admission] = wall / tokens
+        print(f"CBPO / GRPO {admission}: generated tokens {tokens:.3f}{prefill}, wall time {wall:.3f} "
+              f"(per repeat: {', '.join(f'{x:.3f}' for x in ratios)}); excess (wall / tokens) {excess[admission]:.3f}")
+    if args.admission == "both":
+        for name in methods:
+            print(f"{name} stream / rounds wall: {med[name, 'stream']['seconds'] / med[name, 'rounds']['seconds']:.3f}")
+        print(f"excess stream={excess['stream']:.3f} rounds={excess['rounds']:.3f}; "
+              f"cbpo stream/rounds={med['cbpo', 'stream']['seconds'] / med['cbpo', 'rounds']['seconds']:.3f}")
 
 
 if __name__ == "__main__":

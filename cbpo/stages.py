@@ -60,6 +60,9 @@ class RLConfig:
     dump_every: int = 1  # with dump_rollouts: every k-th step's rollouts, and the last step's
     engine: str = "hf"  # rollouts: "hf" (the policy itself, on its device) or "vllm" (weights pushed each step)
     vllm_gpu_memory: float = 0.3  # vLLM's share of the GPU; the policy, its optimiser and the reference use the rest
+    # With engine=vllm: rows join vLLM's running batch as soon as they are ready ("stream"), or
+    # every waiting row is sampled to its stop in one round first ("rounds"; cbpo/rollout/vllm_engine.py).
+    vllm_admission: str = "stream"
     agent: AgentConfig = field(default_factory=AgentConfig)
 
     def __post_init__(self) -> None:
@@ -73,5 +76,7 @@ class RLConfig:
             raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
         if self.engine not in ("hf", "vllm"):
             raise ValueError(f"engine must be 'hf' or 'vllm', got {self.engine!r}")
+        if self.vllm_admission not in ("stream", "rounds"):
+            raise ValueError(f"vllm_admission must be 'stream' or 'rounds', got {self.vllm_admission!r}")
         if not 0 < self.vllm_gpu_memory < 1:
             raise ValueError(f"vllm_gpu_memory must lie in (0, 1), got {self.vllm_gpu_memory}")

@@ -298,12 +298,12 @@ def engine_checks(args, checks: Checks) -> None:
         fresh = [Trajectory(prompt_ids=build_prompt(tokenizer, row["question"])) for row in row_of]
         return run_agent(engine, tokenizer, fresh, tools, cfg)
 
-    prefill = vllm.prefill_counts()
+    prefill = vllm.rollout_counts()
     start = time.perf_counter()
     done = rollouts()
     wall = time.perf_counter() - start
-    cached = vllm.prefill_counts()["prefill_cached_tokens"] - prefill["prefill_cached_tokens"]
-    prompt_tokens = vllm.prefill_counts()["prefill_tokens"] - prefill["prefill_tokens"]
+    cached = vllm.rollout_counts()["prefill_cached_tokens"] - prefill["prefill_cached_tokens"]
+    prompt_tokens = vllm.rollout_counts()["prefill_tokens"] - prefill["prefill_tokens"]
 
     rewarder = Rewarder()
     try:

@@ -93,10 +93,10 @@ def run_agent(
     output is sanitised (``cbpo.chat.sanitise_observation``) so no text can crash the
     tokenizer, end the turn, close the observation or fake an answer.
 
-    An engine with a ``batch`` (``HFEngine``) decodes every row in one running batch: a row
-    leaves it at a tool call and rejoins with its observation, reusing its own KV cache, and
-    rows start from the kept cache of any finished row they continue. Other engines get one
-    ``sample`` call per round for all unfinished rows.
+    An engine with a ``batch`` (``HFEngine``, ``VLLMEngine``) decodes every row in one running
+    batch: a row leaves it at a tool call and rejoins with its observation, reusing its own KV
+    cache, and rows start from the kept cache of any finished row they continue. Other engines
+    (verl's server engine) get one ``sample`` call per round for all unfinished rows.
     """
     cfg = cfg or AgentConfig()
     stops = _stop_table(tokenizer, cfg)

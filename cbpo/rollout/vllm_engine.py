@@ -1,7 +1,12 @@
 """vLLM rollout engine for GPUs, behind ``SamplingEngine.sample``'s interface (cbpo/rollout/engine.py).
 
-Every call is one ``LLM.generate`` over all contexts, given as token prompts, so a CBPO branch
-continuation (Sec. 4.2) is just another prompt; with prefix caching on, a branch's prefix (the
+A ``sample`` call is one ``LLM.generate`` over all contexts, given as token prompts, so a CBPO
+branch continuation (Sec. 4.2) is just another prompt. The agent loop drives the engine's own
+steps instead (``VLLMEngine.batch``): with ``admission="stream"`` (the default) a row joins the
+running batch at vLLM's next step once it is admitted (a tool observation appended, a branch's
+prefix known), while the rest keep decoding; ``admission="rounds"`` keeps the former behaviour,
+where every waiting row is sampled to its stop in one round and no row starts before the round's
+slowest ends (CBPO then waits twice: parents, then branches). with prefix caching on, a branch's prefix (the
 parent's prompt and response up to the boundary) is served from the KV-cache blocks its parent
 already filled, and only the continuation costs compute. Per sampled token the engine returns
 what ``HFEngine`` returns:
@@ -24,6 +29,12 @@ verl 0.9.1's ``vllm`` extra pins, see environment.yml; the V1 engine):
   ``finish_reason`` is "stop" or "length"; ``stop_reason`` is the stop string (a str), the stop
   token (an int) or None for EOS. Token ids always include the stop token or EOS; with
   ``include_stop_str_in_output`` the stop string's last token is in the ids as well;
+* ``LLM.enqueue(prompts, params)`` adds requests (rendered as ``generate`` renders them, final
+  output only) and returns their internal ids, ``"<id>-<8 random characters>"``, without running
+  the engine; ``LLM.llm_engine.step()`` runs one scheduler step and returns the
+  ``RequestOutput`` of every request that finished in it (``finished``), whose ``request_id`` is
+  the external ``<id>``; ``abort_request(external ids)`` drops unfinished ones. ``LLM.generate``
+  is ``enqueue`` plus stepping until nothing is unfinished;
 * ``LLM.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` loads ``(name,
   tensor)`` pairs under Hugging Face names into every worker's model through the model runner's
   layerwise reload, which re-runs the loader's post-processing. A plain ``model.load_weights``
@@ -58,11 +69,16 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Iterable, Mapping
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
-from cbpo.rollout.engine import Sample, SamplingEngine, check_sampling_settings
+from cbpo.rollout.engine import Sample, SamplingEngine, check_sample_args, check_sampling_settings
 
 _VLLM_DEFAULT_MAX_LOGPROBS = 20
+# KV-cache block size on vLLM's CPU build, here and on verl (cbpo/backends/verl/cpu.py): a branch
+# reuses its parent's prefix in whole blocks, and the CPU default of 128 tokens would leave most
+# of a short shared prefix to be computed again; 32 is the smallest size the CPU kernels are tuned for.
+CPU_BLOCK_SIZE = 32
+ADMISSIONS = ("stream", "rounds")
 
 
 class VLLMEngine(SamplingEngine):
@@ -73,6 +89,7 @@ class VLLMEngine(SamplingEngine):
     ``vllm.LLM``-like object instead (its own seed and logprobs mode then apply); ``llm_kwargs``
     go to ``vllm.LLM`` as they are (``dtype``, ``enforce_eager``, ...). ``temperature=0``
     samples greedily; the returned log-probs are the raw policy's whatever the temperature.
+    ``admission``: how the agent loop's rows join vLLM's running batch (module docstring).
     """
 
     def __init__(
@@ -88,8 +105,11 @@ class VLLMEngine(SamplingEngine):
         max_model_len: int | None = None,
         llm=None,
         llm_kwargs: Mapping[str, Any] | None = None,
+        admission: str = "stream",
     ) -> None:
         check_sampling_settings(top_k_entropy, temperature, top_p)
+        if admission not in ADMISSIONS:
+            raise ValueError(f"admission must be one of {ADMISSIONS}, got {admission!r}")
         try:
             import vllm
         except ImportError as exc:
@@ -102,8 +122,11 @@ class VLLMEngine(SamplingEngine):
         self.top_k_entropy = top_k_entropy
         self.temperature = temperature
         self.top_p = top_p
-        # Prompt tokens sent to vLLM and those of them its prefix cache served, since start.
+        self.admission = admission
+        # Prompt tokens sent to vLLM and those of them its prefix cache served, since start; the
+        # agent loop's engine steps and the unfinished rows summed over them.
         self.prefill_tokens = self.prefill_cached_tokens = 0
+        self.engine_steps = self.engine_step_rows = 0
         if llm is None:
             # in-process engine core: push_weights hands tensors over without a copy through IPC
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -134,16 +157,31 @@ class VLLMEngine(SamplingEngine):
         if len(outputs) != len(active):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(active)} prompts")
         for i, out in zip(active, outputs):
-            samples[i] = self._to_sample(out.outputs[0], stop_ids, i)
-            self.prefill_tokens += len(contexts[i])
-            self.prefill_cached_tokens += int(out.num_cached_tokens or 0)  # None: nothing cached
+            samples[i] = self._finished(out, len(contexts[i]), stop_ids, i)
         return samples
 
-    def prefill_counts(self) -> dict[str, int]:
-        """Prompt tokens prefilled since start (``prefill_tokens``) and those of them served
-        from the prefix cache (``prefill_cached_tokens``): a branch's shared prefix is cached,
-        only its continuation's context is computed."""
-        return {"prefill_tokens": self.prefill_tokens, "prefill_cached_tokens": self.prefill_cached_tokens}
+    def _finished(self, out, n_context: int, stop_ids: frozenset[int], row) -> Sample:
+        """A finished ``RequestOutput`` as a ``Sample``; its prompt counted in the prefill counts."""
+        self.prefill_tokens += n_context
+        self.prefill_cached_tokens += int(out.num_cached_tokens or 0)  # None: nothing cached
+        return self._to_sample(out.outputs[0], stop_ids, row)
+
+    def batch(self, stop_token_ids: Iterable[int] = frozenset(), stop_strings: Sequence[str] = (),
+              keep_prefixes: bool = True) -> "EngineSteps":
+        """The agent loop's running batch over vLLM's own steps, admitting rows as
+        ``self.admission`` says; ``keep_prefixes`` is vLLM's prefix cache, always on."""
+        _, stop_strings = check_sample_args([], 0, stop_strings)
+        return EngineSteps(self, frozenset(stop_token_ids), stop_strings)
+
+    def rollout_counts(self) -> dict[str, int]:
+        """Since start: prompt tokens prefilled (``prefill_tokens``), those of them served from
+        the prefix cache (``prefill_cached_tokens``: a branch's shared prefix is cached, only its
+        continuation's context is computed) and the rest (``prefill_computed_tokens``); the agent
+        loop's engine steps (``engine_steps``) and its unfinished rows summed over them
+        (``engine_step_rows``: divided by the steps, the batch's mean width)."""
+        return {"prefill_tokens": self.prefill_tokens, "prefill_cached_tokens": self.prefill_cached_tokens,
+                "prefill_computed_tokens": self.prefill_tokens - self.prefill_cached_tokens,
+                "engine_steps": self.engine_steps, "engine_step_rows": self.engine_step_rows}
 
     def push_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Load the trainer's current weights (Hugging Face names) into the engine, then drop
@@ -190,6 +228,83 @@ class VLLMEngine(SamplingEngine):
         return s
 
 
+class EngineSteps:
+    """The running-batch interface of ``HFEngine.batch`` (``admit``, ``step``, ``forget``; used
+    by ``cbpo.rollout.agent.run_agent``) over vLLM's scheduler steps.
+
+    ``stream``: ``admit`` enqueues the row at once, so it joins at vLLM's next step whatever the
+    other rows are doing, and ``step`` runs engine steps until at least one row finishes.
+    ``rounds``: ``admit`` only queues; ``step`` enqueues every queued row and runs engine steps
+    until all of them finished, as one ``LLM.generate`` would. Either way ``step`` returns the
+    rows that finished in admission order, so the order in which rows rejoin (and the draws they
+    get) does not depend on which request vLLM returned first.
+    """
+
+    def __init__(self, engine: VLLMEngine, stop_ids: frozenset[int], stop_strings: tuple[str, ...]):
+        self.engine, self.stop_ids = engine, stop_ids
+        self.stream = engine.admission == "stream"
+        self.stop_strings = stop_strings
+        self.queued: list[tuple[Hashable, list[int], int]] = []
+        self.live: dict[str, tuple[int, Hashable, int]] = {}  # external request id -> (admission number, key, context length)
+        self.ready: list[tuple[int, Hashable, Sample]] = []  # rows with nothing to sample
+        self.admitted = 0
+
+    def __enter__(self) -> "EngineSteps":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live:  # a failed run leaves nothing behind in the engine
+            self.engine.llm.llm_engine.abort_request(list(self.live))
+        self.live, self.queued, self.ready = {}, [], []
+
+    def __len__(self) -> int:
+        return len(self.queued) + len(self.live) + len(self.ready)
+
+    def admit(self, key: Hashable, context: Sequence[int], max_new_tokens: int) -> None:
+        [cap], _ = check_sample_args([context], max_new_tokens, (), self.engine.max_context)
+        if cap == 0:  # as in ``sample``: never sent to vLLM
+            self.ready.append((self._number(), key, Sample()))
+        elif self.stream:
+            self._enqueue([(key, list(context), cap)])
+        else:
+            self.queued.append((key, list(context), cap))
+
+    def forget(self, key: Hashable) -> None:
+        """Nothing to drop: vLLM's prefix cache evicts its own blocks."""
+
+    def step(self) -> list[tuple[Hashable, Sample]]:
+        done, self.ready = self.ready, []
+        if self.queued:
+            queued, self.queued = self.queued, []
+            self._enqueue(queued)
+        core = self.engine.llm.llm_engine
+        while self.live and (not done or not self.stream):
+            rows = len(self.live)
+            outputs = core.step()
+            self.engine.engine_steps += 1
+            self.engine.engine_step_rows += rows
+            for out in outputs:
+                if out.finished:
+                    if out.request_id not in self.live:
+                        raise RuntimeError(f"vLLM finished request {out.request_id!r}, which this batch never sent "
+                                           f"(sent: {sorted(self.live)}); has enqueue's id format changed?")
+                    number, key, n_context = self.live.pop(out.request_id)
+                    done.append((number, key, self.engine._finished(out, n_context, self.stop_ids, key)))
+        return [(key, sample) for _, key, sample in sorted(done, key=lambda d: d[0])]
+
+    def _number(self) -> int:
+        self.admitted += 1
+        return self.admitted
+
+    def _enqueue(self, rows: list[tuple[Hashable, list[int], int]]) -> None:
+        vllm = self.engine._vllm
+        prompts = [vllm.TokensPrompt(prompt_token_ids=context) for _, context, _ in rows]
+        params = [self.engine._params(cap, self.stop_ids, self.stop_strings) for _, _, cap in rows]
+        ids = self.engine.llm.enqueue(prompts, params, use_tqdm=False)
+        for request_id, (key, context, _) in zip(ids, rows):
+            self.live[request_id.rsplit("-", 1)[0]] = (self._number(), key, len(context))  # the external id
+
+
 def cpu_defaults() -> dict[str, Any]:
     """``vllm.LLM`` arguments (and environment) for vLLM's CPU build, see the module docstring;
     nothing on a machine with a GPU."""
@@ -200,7 +315,7 @@ def cpu_defaults() -> dict[str, Any]:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # cores are shared with the trainer
     torch._dynamo.config.disable = True
-    return {"enforce_eager": True, "block_size": 32}
+    return {"enforce_eager": True, "block_size": CPU_BLOCK_SIZE}
 
 
 def max_logprobs(top_k: int) -> int:

@@ -7,9 +7,10 @@ relay's, so both studies can share a working directory.
 """
 from __future__ import annotations
 
-from cbpo.tasks.relay import KINDS, N_DECISIONS, corpus, decision_spans  # noqa: F401  (the task interface)
+from cbpo.tasks.relay import KINDS, N_DECISIONS, corpus, decision_spans
 from cbpo.tasks.relay import generate as relay_generate
 
+__all__ = ["KINDS", "N_DECISIONS", "P_LOSE", "corpus", "decision_spans", "generate"]  # the task interface
 P_LOSE = 0.75
 
 

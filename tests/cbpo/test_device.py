@@ -93,22 +93,31 @@ def test_hf_rollouts_sample_on_the_policys_device(model, tokenizer):
 
 
 class FakeLLM:
-    """``vllm.LLM`` as the trainer uses it: generate, collective_rpc("reload_weights"), reset_prefix_cache."""
+    """``vllm.LLM`` as the trainer uses it: enqueue and its engine's steps (the agent loop's
+    streaming batch), collective_rpc("reload_weights"), reset_prefix_cache."""
 
     instances = []
 
     def __init__(self, **kwargs):
-        self.kwargs, self.events, self.weights = kwargs, [], None
+        self.kwargs, self.events, self.weights, self.pending, self.requests = kwargs, [], None, [], 0
+        self.llm_engine = self
         FakeLLM.instances.append(self)
 
-    def generate(self, prompts, params, use_tqdm=True):
-        self.events.append("generate")
-        outs = []
-        for p in params:  # each prompt ends at once with EOS (stop_reason None)
-            eos = self.kwargs["eos"]
-            outs.append(types.SimpleNamespace(num_cached_tokens=0, outputs=[types.SimpleNamespace(
-                token_ids=[eos], logprobs=[{eos: types.SimpleNamespace(logprob=-0.5)}], finish_reason="stop", stop_reason=None)]))
-        return outs
+    def enqueue(self, prompts, params, use_tqdm=True):
+        if self.events[-1:] != ["rollout"]:
+            self.events.append("rollout")
+        ids = [str(self.requests + i) for i in range(len(params))]
+        self.requests += len(ids)
+        eos = self.kwargs["eos"]
+        for request_id in ids:  # each prompt ends at once with EOS (stop_reason None)
+            self.pending.append(types.SimpleNamespace(request_id=request_id, finished=True, num_cached_tokens=0, outputs=[
+                types.SimpleNamespace(token_ids=[eos], logprobs=[{eos: types.SimpleNamespace(logprob=-0.5)}],
+                                      finish_reason="stop", stop_reason=None)]))
+        return ids
+
+    def step(self):
+        done, self.pending = self.pending, []
+        return done
 
     def collective_rpc(self, method, kwargs):
         assert method == "reload_weights"
@@ -141,6 +150,6 @@ def test_vllm_rollouts_get_the_policys_weights_after_every_update(model, tokeniz
     assert llm.kwargs["gpu_memory_utilization"] == 0.25
     # weights at start (a resumed policy differs from the checkpoint), then after each update;
     # the prefix cache is dropped with every push
-    assert llm.events == ["push", "reset", "generate", "push", "reset", "generate", "push", "reset"]
+    assert llm.events == ["push", "reset", "rollout", "push", "reset", "rollout", "push", "reset"]
     assert set(llm.weights) == {name for name, _ in model.named_parameters()}
     assert all(torch.equal(llm.weights[name], p) for name, p in model.named_parameters())

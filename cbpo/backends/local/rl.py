@@ -194,11 +194,11 @@ def rl_train(
             reward_rollouts(tokenizer, rewarder, [t for g in groups for t in g], [offered[k] for k, g in zip(indices, groups) for _ in g])
 
         model.eval()
-        prefill_before = prefill_counts(engine)
+        counts_before = rollout_counts(engine)
         with torch.no_grad():
             groups = registry.collect(method, [prompts[i] for i in pick], sample, registry.Problems(offered, encode, score))
         t_roll = time.perf_counter() - t0
-        prefill = {k: v - prefill_before[k] for k, v in prefill_counts(engine).items()}
+        counts = {k: v - counts_before[k] for k, v in rollout_counts(engine).items()}
         # an empty group is a prompt the method chose not to train on
         pick, groups = [i for i, g in zip(pick, groups) if g], [g for g in groups if g]
         flat = [t for g in groups for t in g]
@@ -227,7 +227,7 @@ def rl_train(
             "rollout_seconds": t_roll,
             "wall_seconds": wall,
             **{f"n_{k}": sum(t.kind == k for t in flat) for k in sorted({"parent", "branch", "fill"} | {t.kind for t in flat})},
-            **prefill,  # vLLM: the step's prompt tokens and those its prefix cache served (branch prefixes)
+            **counts,  # vLLM: the step's prompt tokens, those its prefix cache served (branch prefixes), engine steps
             **registry.step_stats(method),
             **step_search_stats(tools),  # searches, shared-cache hits and misses of this step
             **stats,
@@ -251,12 +251,13 @@ def rollout_engine(model, tokenizer, cfg: RLConfig, dtype: torch.dtype, **entrop
     from cbpo.rollout.vllm_engine import VLLMEngine
 
     return VLLMEngine(model.name_or_path, tokenizer, **entropy_k, temperature=cfg.temperature, seed=cfg.seed,
-                      gpu_memory_utilization=cfg.vllm_gpu_memory, llm_kwargs={"dtype": str(dtype).removeprefix("torch.")})
+                      gpu_memory_utilization=cfg.vllm_gpu_memory, admission=cfg.vllm_admission,
+                      llm_kwargs={"dtype": str(dtype).removeprefix("torch.")})
 
-def prefill_counts(engine) -> dict[str, int]:
-    """The engine's running prefill counts (``VLLMEngine.prefill_counts``); none for the HF
-    engine, whose prefix reuse is its own KV copies."""
-    return engine.prefill_counts() if hasattr(engine, "prefill_counts") else {}
+def rollout_counts(engine) -> dict[str, int]:
+    """The engine's running prefill and step counts (``VLLMEngine.rollout_counts``); none for
+    the HF engine, whose prefix reuse is its own KV copies."""
+    return engine.rollout_counts() if hasattr(engine, "rollout_counts") else {}
 
 def push_weights(engine, model) -> None:
     """An engine with its own copy of the weights (vLLM) samples the next step from the

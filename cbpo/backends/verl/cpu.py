@@ -25,8 +25,10 @@ What this module changes, each for one reason (measured on these machines, ../sh
   checkpoint layout, loads, and prepacks again.
 * Settings (``config_overrides``): FSDP2 (``strategy=fsdp2``), sdpa attention and no remove-
   padding (flash-attention is CUDA only), vLLM eager (its CPU compile costs ~1 min) with the
-  KV cache kept between phases (``free_cache_engine=false``: sleep mode is GPU only), float32; OPD's
-  teacher servers the same (verl's default asks the teacher's vLLM for sleep mode, which it refuses).
+  KV cache kept between phases (``free_cache_engine=false``: sleep mode is GPU only), float32,
+  and 32-token KV blocks (``CPU_BLOCK_SIZE``, as the local vLLM engine: the CPU default of 128
+  would serve a branch's prefix from the cache only in 128-token steps); OPD's teacher servers
+  the same (verl's default asks the teacher's vLLM for sleep mode, which it refuses).
 
 The module is loaded by verl itself in every process that imports verl: the launch lists it in
 ``VERL_USE_EXTERNAL_MODULES`` before Ray starts, so Ray's workers inherit it.
@@ -60,7 +62,10 @@ def config_overrides(dtype: str, teacher: bool = False) -> dict:
     """verl keys a CPU run needs on top of the generated config (see the module docstring);
     ``teacher``: OPD's teacher servers (verl's distillation) get the rollout's vLLM settings."""
     engine = {"strategy": "fsdp2", "fsdp_config": {"dtype": dtype}}
-    vllm = {"enforce_eager": True, "free_cache_engine": False, "enable_sleep_mode": False, "dtype": dtype}
+    from cbpo.rollout.vllm_engine import CPU_BLOCK_SIZE
+
+    vllm = {"enforce_eager": True, "free_cache_engine": False, "enable_sleep_mode": False, "dtype": dtype,
+            "engine_kwargs": {"vllm": {"block_size": CPU_BLOCK_SIZE}}}
     overrides = {
         "actor_rollout_ref": {
             "model": {"use_remove_padding": False, "override_config": {"attn_implementation": "sdpa"}},

@@ -119,8 +119,12 @@ def test_opd_trains_on_verl_as_its_distillation(tmp_path):
     # on a machine without a GPU the teacher's vLLM servers run as the rollout's do (cpu.py): verl's
     # default asks them for sleep mode, which vLLM's CPU build refuses ("Sleep mode is not supported")
     teacher = distillation[distillation.index("teacher_models:"):]
-    for line in ("enable_sleep_mode: false", "free_cache_engine: false", "dtype: float32"):
+    for line in ("enable_sleep_mode: false", "free_cache_engine: false", "dtype: float32", "block_size: 32"):
         assert line in teacher, teacher
+    # and the rollout's vLLM gets the local engine's CPU block size beside the suite's max_logprobs
+    rollout = out.stdout[out.stdout.index("\n  rollout:"):].split("\n  ref:")[0]
+    vllm_kwargs = rollout[rollout.index("engine_kwargs:"):]
+    assert "block_size: 32" in vllm_kwargs and "max_logprobs: 20" in vllm_kwargs, rollout
 
 
 @pytest.mark.skipif(not missing_engines(), reason="this environment has vLLM and Ray (the engine tier trains)")

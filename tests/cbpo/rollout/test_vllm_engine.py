@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cbpo.rollout.agent import run_agent
+from cbpo.rollout.agent import AgentConfig, run_agent
 from cbpo.rollout.vllm_engine import VLLMEngine
 from cbpo.trajectory import Trajectory
 
@@ -104,14 +104,16 @@ def test_one_generate_call_with_token_prompts_and_per_row_params(fake_vllm, toke
     assert samples[1].stop == "length" and samples[1].logprobs == [] and samples[1].entropies == []
 
 
-def test_prefill_counts_add_up_prompts_sent_and_cached(fake_vllm, tokenizer):
+def test_rollout_counts_add_up_prompts_sent_and_cached(fake_vllm, tokenizer):
     llm = RecordingLLM([completion([5], [only(5)], cached=0), completion([6], [only(6)], cached=32)],
                        [completion([7], [only(7)], cached=None)])
     engine = engine_with(llm, tokenizer)
-    assert engine.prefill_counts() == {"prefill_tokens": 0, "prefill_cached_tokens": 0}
+    zero = {"prefill_tokens": 0, "prefill_cached_tokens": 0, "prefill_computed_tokens": 0, "engine_steps": 0, "engine_step_rows": 0}
+    assert engine.rollout_counts() == zero
     engine.sample([[1] * 40, [2] * 50, [3] * 9], [1, 1, 0])  # the cap-0 row is never sent
     engine.sample([[4] * 7], 1)
-    assert engine.prefill_counts() == {"prefill_tokens": 97, "prefill_cached_tokens": 32}
+    # plain sample calls are LLM.generate's steps, not counted
+    assert engine.rollout_counts() == {**zero, "prefill_tokens": 97, "prefill_cached_tokens": 32, "prefill_computed_tokens": 65}
 
 
 def test_push_reloads_through_the_model_runner_then_drops_the_prefix_cache(fake_vllm, tokenizer):
@@ -244,23 +246,48 @@ def test_missing_vllm_names_the_gpu_environment(monkeypatch, tokenizer):
 
 
 class ScriptedLLM:
-    """Plays back text as vLLM would: call k gives every prompt ``script[k]``, tokenised and cut
-    at the first stop token, EOS, stop string or ``max_tokens``, each token with logprob
-    ``LOGPROB`` and a fixed top-2 distribution around it."""
+    """Plays back text as vLLM's engine would, over ``enqueue`` and ``llm_engine.step()``: a row's
+    k-th request gets ``script[k]`` (``script[prompt][k]`` when ``script`` is keyed by the row's
+    first prompt), tokenised and cut at the first stop token, EOS, stop string or ``max_tokens``,
+    each token with logprob ``LOGPROB`` and a fixed top-2 distribution around it. A request
+    decodes one token per step, so one of n tokens finishes n steps after it was enqueued."""
 
     LOGPROB = math.log(0.25)
     TOP2 = (math.log(0.5), math.log(0.3))  # top-2 tokens other than the sampled one
     ENTROPY = -(0.5 * math.log(0.5) + 0.3 * math.log(0.3))
 
-    def __init__(self, tokenizer, script: list[str]):
+    def __init__(self, tokenizer, script: list[str] | dict[tuple[int, ...], list[str]]):
         self.tokenizer = tokenizer
         self.script = script
-        self.prompts: list[list[list[int]]] = []
+        self.prompts: list[list[list[int]]] = []  # per enqueue call
+        self.sent: list[list[int]] = []  # every request's prompt, in order
+        self.live: dict[str, list] = {}  # request id -> [steps left, output]
+        self.steps = 0
+        self.enqueued_at: list[int] = []  # the step count when each request arrived
+        self.llm_engine = self
 
-    def generate(self, prompts, params, use_tqdm=True):
-        text = self.script[len(self.prompts)]
+    def enqueue(self, prompts, params, use_tqdm=True):
+        ids = []
         self.prompts.append([p["prompt_token_ids"] for p in prompts])
-        return [self._one(text, p.kwargs) for p in params]
+        for prompt, p in zip(prompts, params):
+            ctx = prompt["prompt_token_ids"]
+            turns = self.script if isinstance(self.script, list) else next(
+                v for k, v in self.script.items() if tuple(ctx[: len(k)]) == k)
+            turn = sum(ctx[: len(old)] == old for old in self.sent)  # the row's earlier requests
+            out = self._one(turns[turn], p.kwargs)
+            request_id = str(len(self.sent))
+            self.sent.append(list(ctx))
+            self.enqueued_at.append(self.steps)
+            self.live[request_id] = [len(out.outputs[0].token_ids), SimpleNamespace(request_id=request_id, finished=True, **vars(out))]
+            ids.append(f"{request_id}-{request_id:0>8}")  # vLLM's internal id: the external one and 8 random characters
+        return ids
+
+    def step(self):
+        self.steps += 1
+        for entry in self.live.values():
+            entry[0] -= 1
+        done = [rid for rid, (left, _) in self.live.items() if left == 0]
+        return [self.live.pop(rid)[1] for rid in done]
 
     def _one(self, text, kw) -> SimpleNamespace:
         ids, positions = [], []
@@ -279,9 +306,10 @@ class ScriptedLLM:
         raise AssertionError(f"scripted text {text!r} ended without a stop")
 
 
-def test_run_agent_end_to_end_over_vllm_engine(fake_vllm, tokenizer):
+@pytest.mark.parametrize("admission", ["stream", "rounds"])
+def test_run_agent_end_to_end_over_vllm_engine(fake_vllm, tokenizer, admission):
     llm = ScriptedLLM(tokenizer, ["<python>print(1)</python>", "<answer>\\boxed{1}</answer>"])
-    engine = engine_with(llm, tokenizer, top_k_entropy=2)
+    engine = engine_with(llm, tokenizer, top_k_entropy=2, admission=admission)
     codes = []
 
     def python(code: str) -> str:
@@ -296,9 +324,9 @@ def test_run_agent_end_to_end_over_vllm_engine(fake_vllm, tokenizer):
     assert tokenizer.decode(t.response_ids) == (
         "<python>print(1)</python><result>\n1\n</result><answer>\\boxed{1}</answer>"
     )
-    assert len(llm.prompts) == 2  # one generate call per agent round
+    assert len(llm.prompts) == 2  # one request per turn
     first_turn = tokenizer.encode("<python>print(1)</python><result>\n1\n</result>", add_special_tokens=False)
-    assert llm.prompts[1] == [prompt + first_turn]  # the second round continues the token prefix
+    assert llm.prompts[1] == [prompt + first_turn]  # the second turn continues the token prefix
     n = len(t.response_ids)
     assert len(t.model_mask) == len(t.logprobs) == len(t.entropies) == n
     for m, logprob, entropy in zip(t.model_mask, t.logprobs, t.entropies):
@@ -307,6 +335,45 @@ def test_run_agent_end_to_end_over_vllm_engine(fake_vllm, tokenizer):
             assert entropy == pytest.approx(ScriptedLLM.ENTROPY)
         else:
             assert logprob == 0.0 and entropy == 0.0
+    assert engine.rollout_counts()["prefill_tokens"] == len(prompt) + len(prompt + first_turn)
+
+
+def test_stream_admits_a_row_back_while_others_decode_and_rounds_wait_for_the_slowest(fake_vllm, tokenizer):
+    """A short tool call and a long answer: under "stream" the short row's second turn joins at
+    the step after its observation, while the long one is still decoding; under "rounds" it waits
+    for the long one to end. The trajectories are the same either way."""
+    short, long = tokenizer.encode("Short?"), tokenizer.encode("Long?")
+    script = {tuple(short): ["<python>1</python>", "<answer>1</answer>"],
+              tuple(long): ["<answer>" + "word " * 40 + "</answer>"]}
+    runs = {}
+    for admission in ("stream", "rounds"):
+        llm = ScriptedLLM(tokenizer, script)
+        engine = engine_with(llm, tokenizer, top_k_entropy=2, admission=admission)
+        done = run_agent(engine, tokenizer, [Trajectory(prompt_ids=short), Trajectory(prompt_ids=long)],
+                         {"python": lambda code: "1\n"}, AgentConfig(max_new_tokens=256, max_total_tokens=512))
+        runs[admission] = (llm, engine, [(t.response_ids, t.finish) for t in done])
+    (s_llm, s_engine, s_out), (r_llm, r_engine, r_out) = runs["stream"], runs["rounds"]
+    assert s_out == r_out and all(finish == "answer" for _, finish in s_out)
+    first_turn, answer = (len(tokenizer.encode(x, add_special_tokens=False)) for x in ("<python>1</python>", "<answer>1</answer>"))
+    long_turn = len(tokenizer.encode("<answer>" + "word " * 40 + "</answer>", add_special_tokens=False))
+    assert long_turn > first_turn + answer
+    assert s_llm.enqueued_at == [0, 0, first_turn]  # back in at once
+    assert r_llm.enqueued_at == [0, 0, long_turn]  # after the slowest row of the round
+    assert s_engine.engine_steps == long_turn and r_engine.engine_steps == long_turn + answer
+    # the same row-steps of work either way (rows unfinished, summed over steps), in fewer steps
+    assert s_engine.engine_step_rows == r_engine.engine_step_rows == first_turn + answer + long_turn
+
+
+def test_a_failed_run_aborts_its_unfinished_requests(fake_vllm, tokenizer):
+    llm = ScriptedLLM(tokenizer, ["<answer>" + "word " * 10 + "</answer>"])
+    aborted = []
+    llm.abort_request = aborted.extend
+    engine = engine_with(llm, tokenizer, top_k_entropy=2)
+    with pytest.raises(RuntimeError, match="tool broke"):
+        with engine.batch() as batch:
+            batch.admit("a", tokenizer.encode("Hi?"), 32)
+            raise RuntimeError("tool broke")
+    assert aborted == ["0"]
 
 
 # ----------------------------------------------------------------------------- vLLM itself
@@ -425,9 +492,9 @@ def test_a_branch_prefix_is_served_from_the_prefix_cache_until_a_push(real, toke
     branch = context + parent.token_ids[:10]
 
     def cached(ctx):
-        before = engine.prefill_counts()
+        before = engine.rollout_counts()
         engine.sample([ctx], 4)
-        after = engine.prefill_counts()
+        after = engine.rollout_counts()
         assert after["prefill_tokens"] - before["prefill_tokens"] == len(ctx)
         return after["prefill_cached_tokens"] - before["prefill_cached_tokens"]
 
@@ -436,3 +503,40 @@ def test_a_branch_prefix_is_served_from_the_prefix_cache_until_a_push(real, toke
     assert hit == (len(branch) - 1) // 32 * 32  # whole blocks; the last prompt token is always computed
     engine.push_weights(model.named_parameters())  # same weights, but the cache must go
     assert cached(branch) == 0
+
+
+@pytest.mark.engines
+def test_greedy_stream_and_rounds_sample_the_same_tokens(real, tokenizer):
+    """The admission changes when rows join vLLM's batch, not what they sample. Rows start with
+    0-16 tokens of their turn already written, so they reach the cap at different steps, and
+    each finished parent but the longest is followed by a branch from half its response (as
+    CBPO's are): under "stream" the branches join while other rows still decode and the batch
+    ends sooner. Greedy, both sample alike."""
+    engine, _ = real
+    written = [(p * 20)[3:3 + 4 * i] for i, p in enumerate(prompts(tokenizer))]
+    start = [Trajectory(prompt_ids=p[:3], response_ids=w, model_mask=[True] * len(w), logprobs=[0.0] * len(w),
+                        entropies=[0.0] * len(w)) for p, w in zip(prompts(tokenizer), written)]
+
+    def follow_up(k, t):
+        if not 0 < k < len(start):  # the longest parent gets none: under "stream" nothing waits for it
+            return []
+        n = len(t.response_ids) // 2
+        return [Trajectory(prompt_ids=t.prompt_ids, response_ids=t.response_ids[:n], model_mask=t.model_mask[:n],
+                           logprobs=t.logprobs[:n], entropies=t.entropies[:n], kind="branch", parent=k)]
+
+    cfg = AgentConfig(max_new_tokens=24, max_total_tokens=96)
+    runs, temperature = {}, engine.temperature
+    try:
+        engine.temperature = 0.0
+        for admission in ("stream", "rounds"):
+            engine.admission, steps = admission, engine.engine_steps
+            done = run_agent(engine, tokenizer, start, {}, cfg, follow_up)
+            # follow-ups are appended as their parents finish, which differs: compare them by parent
+            runs[admission] = (sorted((t.parent or -1, t.response_ids, t.finish) for t in done), engine.engine_steps - steps)
+    finally:
+        engine.temperature, engine.admission = temperature, "stream"
+    (stream, stream_steps), (rounds, rounds_steps) = runs["stream"], runs["rounds"]
+    print(f"\ngreedy, {len(stream)} rows: engine steps stream {stream_steps}, rounds {rounds_steps}")
+    assert len(stream) == 2 * len(start) - 1
+    assert stream == rounds
+    assert stream_steps < rounds_steps
