@@ -70,9 +70,9 @@ def scan_parents(
 ) -> list[ParentCandidates]:
     """Algorithm 1 lines 10-12 for every parent of a problem: candidates, P^raw, top-J_max.
 
-    With ``cfg.candidates`` ``"tool_boundary"`` or ``"alive_boundary"`` the candidates are the
-    given positions where the model resumes after a tool observation (b > 0, window fitting)
-    instead of Eq. 5's grid (the caller gives the alive ones for ``"alive_boundary"``).
+    With any ``cfg.candidates`` but ``"full"`` the candidates are the given positions where the
+    model resumes after a tool observation (b > 0, window fitting) instead of Eq. 5's grid (the
+    caller picks them: all, the alive ones, or the frontier, ``cbpo.method.BOUNDARIES``).
     A parent shorter than w has no root window and hence no candidates. All parents are scanned
     with one prefix sum over their concatenated entropies.
     """

@@ -19,6 +19,9 @@ def check_slots(budget: int, n0: int) -> None:
         raise ValueError(f"n0 must satisfy 0 < n0 <= budget, got n0={n0}, budget={budget}")
 
 
+CANDIDATES = ("full", "tool_boundary", "alive_boundary", "frontier_boundary")  # CBPOConfig.candidates
+
+
 @dataclass(frozen=True)
 class CBPOConfig(ObjectiveConfig):
     # Rollout budget (Sec. 5.1: "six slots to initial trajectories and ten to ... branching").
@@ -39,6 +42,9 @@ class CBPOConfig(ObjectiveConfig):
     # names as missing, Sec. 6). "alive_boundary" (ours, not the paper's, issue #36): the tool
     # boundaries before the first observation that showed a dead end (a tool error, an empty
     # search), so that no branch starts below a prefix its observations already showed lost.
+    # "frontier_boundary" (ours, issue #36): only the last of those, the boundary where the parent
+    # made its last choice before a dead end showed (the credit simulator's oracle when every dead
+    # end shows and a losing choice shows at once).
     candidates: str = "full"
 
     # Stage 1: balanced allocation (Eq. 10, Algorithm 1 lines 13-22).
@@ -56,8 +62,8 @@ class CBPOConfig(ObjectiveConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.candidates not in ("full", "tool_boundary", "alive_boundary"):
-            raise ValueError(f"candidates must be 'full', 'tool_boundary' or 'alive_boundary', got {self.candidates!r}")
+        if self.candidates not in CANDIDATES:
+            raise ValueError(f"candidates must be one of {CANDIDATES}, got {self.candidates!r}")
         check_slots(self.budget, self.n0)
         for name in ("w", "d_min", "top_j", "top_k"):
             if getattr(self, name) < 1:

@@ -14,6 +14,11 @@ from cbpo.rollout.agent import Job, run_jobs
 from cbpo.trajectory import Trajectory
 
 
+# The positions each ``method.candidates`` offers plan_branches ("full" ignores them: Eq. 5's grid).
+BOUNDARIES = {"full": Trajectory.tool_boundaries, "tool_boundary": Trajectory.tool_boundaries,
+              "alive_boundary": Trajectory.alive_boundaries, "frontier_boundary": Trajectory.frontier_boundaries}
+
+
 @register_method("cbpo")
 class CBPO:
     display_name = "CBPO"
@@ -43,8 +48,7 @@ class CBPO:
             [t.model_entropies() for t in parents],
             self.vocab_size,
             cfg,
-            tool_boundaries=[t.alive_boundaries() if cfg.candidates == "alive_boundary" else t.tool_boundaries()
-                             for t in parents],
+            tool_boundaries=[BOUNDARIES[cfg.candidates](t) for t in parents],
         )
         rest = [parents[i].branch_prefix(b, i) for i, b in plan.branches]
         rest += [Trajectory(prompt_ids=list(prompt), kind="fill") for _ in range(plan.fill)]

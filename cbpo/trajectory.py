@@ -92,6 +92,12 @@ class Trajectory:
         first = min(self.dead_ends, default=None)
         return [b for b in self.tool_boundaries() if first is None or b < first]
 
+    def frontier_boundaries(self) -> list[int]:
+        """The last of ``alive_boundaries``, if any: where the model made its last choice before
+        an observation showed a dead end, or its last after an observation at all
+        (``candidates=frontier_boundary``)."""
+        return self.alive_boundaries()[-1:]
+
     def branch_prefix(self, b: int, parent_index: int) -> "Trajectory":
         """The exact prefix before model token ``b`` (observations included, Eq. 11), as an
         unfinished branch that an agent loop can continue."""

@@ -1,4 +1,6 @@
 """CBPO and GRPO as training methods behind the registry, with a scripted sampler."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -144,3 +146,27 @@ def test_cbpo_alive_boundary_branches_only_before_an_observation_that_showed_a_d
     assert {t.at for t in group if t.kind == "branch"} == branches_at
     if dead_end is not None:  # no candidate left: every slot past the parents is a filler
         assert sum(t.kind == "fill" for t in group) == 6
+
+
+@pytest.mark.parametrize("dead_end, frontier", [(None, [30]), (30, [20]), (20, [10]), (10, [])],
+                         ids=["alive", "dead end after the third", "after the second", "after the first"])
+def test_the_frontier_is_the_last_boundary_before_a_dead_end(dead_end, frontier):
+    """Three observations, the model resuming at model tokens 10, 20 and 30: alive_boundary offers
+    those before the first dead end, frontier_boundary only the last of them, which is where
+    CBPO then branches (alpha above kappa)."""
+    ids, mask = [], []
+    for pos in range(40):
+        if pos in (10, 20, 30):
+            ids, mask = ids + [99, 99], mask + [False, False]
+        ids, mask = ids + [5], mask + [True]
+    parent = Trajectory([1, 2], ids, mask, [0.0] * len(ids), [0.1] * len(ids), finish="answer",
+                        dead_ends=[] if dead_end is None else [dead_end])
+    assert parent.tool_boundaries() == [10, 20, 30]
+    assert parent.frontier_boundaries() == frontier == parent.alive_boundaries()[-1:]
+
+    def sample(trajs):  # parents come back as `parent`; branches are finished as they are
+        return [replace(parent) if t.kind == "parent" else replace(t, finish="answer") for t in trajs]
+
+    cbpo = get_method("cbpo")(vocab_size=100, budget=8, n0=2, w=4, d_min=8, candidates="frontier_boundary", alpha=0.9)
+    (group,) = cbpo.collect([[1, 2]], sample)
+    assert {t.at for t in group if t.kind == "branch"} == set(frontier)
