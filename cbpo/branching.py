@@ -72,7 +72,7 @@ def scan_parents(
 
     With any ``cfg.candidates`` but ``"full"`` the candidates are the given positions where the
     model resumes after a tool observation (b > 0, window fitting) instead of Eq. 5's grid (the
-    caller picks them: all, the alive ones, or the frontier, ``cbpo.method.BOUNDARIES``).
+    caller picks them: all, the alive ones, or the frontier, ``cbpo.config.CANDIDATES``).
     A parent shorter than w has no root window and hence no candidates. All parents are scanned
     with one prefix sum over their concatenated entropies.
     """

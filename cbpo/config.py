@@ -19,7 +19,10 @@ def check_slots(budget: int, n0: int) -> None:
         raise ValueError(f"n0 must satisfy 0 < n0 <= budget, got n0={n0}, budget={budget}")
 
 
-CANDIDATES = ("full", "tool_boundary", "alive_boundary", "frontier_boundary")  # CBPOConfig.candidates
+# CBPOConfig.candidates -> the Trajectory method whose positions it offers plan_branches ("full"
+# ignores them: Eq. 5's grid).
+CANDIDATES = {"full": "tool_boundaries", "tool_boundary": "tool_boundaries",
+              "alive_boundary": "alive_boundaries", "frontier_boundary": "frontier_boundaries"}
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class CBPOConfig(ObjectiveConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.candidates not in CANDIDATES:
-            raise ValueError(f"candidates must be one of {CANDIDATES}, got {self.candidates!r}")
+            raise ValueError(f"candidates must be one of {tuple(CANDIDATES)}, got {self.candidates!r}")
         check_slots(self.budget, self.n0)
         for name in ("w", "d_min", "top_j", "top_k"):
             if getattr(self, name) < 1:

@@ -7,16 +7,11 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from cbpo.branching import BranchPlan, plan_branches
-from cbpo.config import CBPOConfig
+from cbpo.config import CANDIDATES, CBPOConfig
 from cbpo.credit import ProblemRollouts, assign_credit
 from cbpo.registry import Sampler, TokenCredit, register_method
 from cbpo.rollout.agent import Job, run_jobs
 from cbpo.trajectory import Trajectory
-
-
-# The positions each ``method.candidates`` offers plan_branches ("full" ignores them: Eq. 5's grid).
-BOUNDARIES = {"full": Trajectory.tool_boundaries, "tool_boundary": Trajectory.tool_boundaries,
-              "alive_boundary": Trajectory.alive_boundaries, "frontier_boundary": Trajectory.frontier_boundaries}
 
 
 @register_method("cbpo")
@@ -48,7 +43,7 @@ class CBPO:
             [t.model_entropies() for t in parents],
             self.vocab_size,
             cfg,
-            tool_boundaries=[BOUNDARIES[cfg.candidates](t) for t in parents],
+            tool_boundaries=[getattr(t, CANDIDATES[cfg.candidates])() for t in parents],
         )
         rest = [parents[i].branch_prefix(b, i) for i, b in plan.branches]
         rest += [Trajectory(prompt_ids=list(prompt), kind="fill") for _ in range(plan.fill)]

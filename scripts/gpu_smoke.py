@@ -298,12 +298,13 @@ def engine_checks(args, checks: Checks) -> None:
         fresh = [Trajectory(prompt_ids=build_prompt(tokenizer, row["question"])) for row in row_of]
         return run_agent(engine, tokenizer, fresh, tools, cfg)
 
-    prefill = vllm.rollout_counts()
+    before = vllm.rollout_counts()
     start = time.perf_counter()
     done = rollouts()
     wall = time.perf_counter() - start
-    cached = vllm.rollout_counts()["prefill_cached_tokens"] - prefill["prefill_cached_tokens"]
-    prompt_tokens = vllm.rollout_counts()["prefill_tokens"] - prefill["prefill_tokens"]
+    after = vllm.rollout_counts()
+    cached = after["prefill_cached_tokens"] - before["prefill_cached_tokens"]
+    prompt_tokens = after["prefill_tokens"] - before["prefill_tokens"]
 
     rewarder = Rewarder()
     try:
