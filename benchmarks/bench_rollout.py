@@ -28,6 +28,14 @@ line ``excess stream=X rounds=Y; cbpo stream/rounds=Z``:
     OMP_NUM_THREADS=2 .venv-engines/bin/python benchmarks/bench_rollout.py --engine vllm --admission both \
         --checkpoint models/smollm2-135m
 
+``--engine verl`` measures the verl path instead (run it in the engine environment): the DAG
+trains GRPO and CBPO on verl for the smoke preset's 2 steps in a fresh folder (``--workdir``),
+the SFT checkpoint included, and each step's metrics line gives its rollout time and the prompt
+tokens verl's vLLM server prefilled, and of those the share its prefix cache served (a problem's
+requests reach one server, ``ServerEngine``). Smoke scale: 2 problems x 4 slots a step.
+
+    OMP_NUM_THREADS=2 .venv-engines/bin/python benchmarks/bench_rollout.py --engine verl
+
 ``--tasks`` should be those the checkpoint was trained on (the demo's: the fork tasks); half the
 problems come from the first task's test split, half from the last's.
 
@@ -37,15 +45,18 @@ entropy profile is flat, so numbers from a trained checkpoint are the meaningful
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from cbpo.chat import build_prompt
+from cbpo.chat import SYSTEM_PROMPT, build_prompt
 from cbpo.data import load_split
 from cbpo.models import load_model, prepare_model
 from cbpo import registry
@@ -56,21 +67,28 @@ from cbpo.rollout.engine import HFEngine
 from cbpo.tasks import environment_tools
 from cbpo.tools import ToolsConfig
 
+ROOT = Path(__file__).resolve().parents[1]
 
-def measure(method, problems, engine, tokenizer, tools, agent_cfg):
+
+def collect(method, problems, engine, tokenizer, tools, agent_cfg, system_prompt=SYSTEM_PROMPT):
     """One collection of ``problems`` (data rows) as the trainer's (``registry.collect``),
-    unscored: its token, call and prefill counts and wall time."""
+    unscored: the method's groups of rollouts."""
     def sample(trajs, follow_up=None):
         return run_agent(engine, tokenizer, trajs, tools, agent_cfg, follow_up)
 
     def encode(question):
-        return build_prompt(tokenizer, question)
+        return build_prompt(tokenizer, question, system_prompt)
 
+    with torch.no_grad():
+        return registry.collect(method, [encode(r["question"]) for r in problems], sample,
+                                registry.Problems(problems, encode, lambda groups, indices: None))
+
+
+def measure(method, problems, engine, tokenizer, tools, agent_cfg):
+    """:func:`collect`'s token, call and prefill counts and wall time."""
     before = rollout_counts(engine)
     t0 = time.perf_counter()
-    with torch.no_grad():
-        groups = registry.collect(method, [encode(r["question"]) for r in problems], sample,
-                                  registry.Problems(problems, encode, lambda groups, indices: None))
+    groups = collect(method, problems, engine, tokenizer, tools, agent_cfg)
     wall = time.perf_counter() - t0
     after = rollout_counts(engine)
     flat = [t for g in groups for t in g]
@@ -109,46 +127,87 @@ def start_run(engine, rep: int) -> None:
         engine.generator.manual_seed(rep)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def add_setup_args(ap: argparse.ArgumentParser) -> None:
+    """The arguments :func:`setup` reads (bench_update.py takes them too)."""
     ap.add_argument("--checkpoint", type=Path)
     ap.add_argument("--data-dir", type=Path, default=Path("data"))
     ap.add_argument("--tasks", nargs="+", default=["arith", "twohop"])
     ap.add_argument("--problems", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="rollout engine (vllm: also prefill tokens)")
-    ap.add_argument("--admission", choices=["stream", "rounds", "both"], default="stream",
-                    help="vllm: how rows join its running batch (both: each repeat under each, on one engine)")
     # One thread on a loaded machine: two threads there wait on each other (2-20x slower).
     ap.add_argument("--threads", type=int, default=2)
+
+
+def setup(args, tmp: Path):
+    """The problems (half from the first task's test split, half from the last's), the
+    checkpoint (``--checkpoint`` or a fresh tiny model in ``tmp``) loaded in eval mode, the
+    tools, the tiny preset's agent settings and GRPO and CBPO at 16 slots."""
+    from cbpo.tasks import generate_task
+
+    data_dir = args.data_dir
+    if not all((data_dir / "tasks" / task / "test.jsonl").is_file() for task in args.tasks):
+        data_dir = tmp
+        for task in args.tasks:
+            generate_task(task, data_dir, 0, 200, 50)
+    rows = load_split({"tasks": args.tasks}, data_dir, "test")
+    ckpt = args.checkpoint
+    if ckpt is None:
+        texts = [x for r in load_split({"tasks": args.tasks}, data_dir, "train") for x in (r["question"], r["trace"])]
+        ckpt = prepare_model("tiny", tmp / "tiny", corpus_texts=texts)
+    model, tokenizer = load_model(ckpt)
+    model.eval()
+    tools = environment_tools(["python", "search"], ToolsConfig(python_timeout=5.0, search_k=3), seed=0)
+    agent_cfg = AgentConfig(max_tool_calls=3, max_new_tokens=64, max_total_tokens=256, max_obs_tokens=96)
+    half = args.problems // 2
+    picked = rows[:half] + rows[-(args.problems - half):]  # both domains
+    methods = {
+        "grpo": get_method("grpo")(budget=16),
+        "cbpo": get_method("cbpo")(vocab_size=len(tokenizer), budget=16, n0=6, w=4, d_min=8),
+    }
+    return picked, ckpt, model, tokenizer, tools, agent_cfg, methods
+
+
+def verl_mode(workdir: Path) -> None:
+    """GRPO and CBPO on verl through the DAG (smoke preset, its 2 steps) in ``workdir``; each
+    step's rollout seconds and prefix-cache counts from the metrics lines."""
+    runs = workdir / "runs" / "smoke" / "tiny" / "mix" / "seed0"
+    methods = ("grpo", "cbpo")
+    snakemake = Path(sys.executable).with_name("snakemake")
+    t0 = time.perf_counter()
+    subprocess.run([str(snakemake), *(f"{runs.relative_to(workdir)}/{m}/final/DONE.json" for m in methods),
+                    "-s", str(ROOT / "Snakefile"), "-d", str(workdir), "-c2", "--config", "preset=smoke", "backend=verl"],
+                   check=True)
+    print(f"verl, smoke preset (2 problems x 4 slots a step); DAG {time.perf_counter() - t0:.0f} s; "
+          f"load average {os.getloadavg()[0]:.2f}; CPU {cpu_isa()}")
+    share = {}
+    for m in methods:
+        lines = [json.loads(x) for x in (runs / m / "metrics.jsonl").read_text().splitlines()]
+        for line in lines:
+            print(f"{m} step {line['step']}: rollout {line['rollout_seconds']:.2f} s, branches {line['n_branch']}, "
+                  f"prompt tokens {line['prefill_tokens']} (cache hits {line['prefill_cached_tokens']}, computed "
+                  f"{line['prefill_computed_tokens']})")
+        share[m] = sum(x["prefill_cached_tokens"] for x in lines) / max(1, sum(x["prefill_tokens"] for x in lines))
+    print(f"verl cache-hit share grpo={share['grpo']:.3f} cbpo={share['cbpo']:.3f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    add_setup_args(ap)
+    ap.add_argument("--engine", choices=["hf", "vllm", "verl"], default="hf",
+                    help="rollout engine (vllm: also prefill tokens; verl: 2 smoke steps on verl, see above)")
+    ap.add_argument("--workdir", type=Path, help="verl: the DAG's folder (default: a fresh temporary one, kept)")
+    ap.add_argument("--admission", choices=["stream", "rounds", "both"], default="stream",
+                    help="vllm: how rows join its running batch (both: each repeat under each, on one engine)")
     args = ap.parse_args()
+    if args.engine == "verl":
+        verl_mode(args.workdir or Path(tempfile.mkdtemp(prefix="bench_verl_")))
+        return
     if args.engine == "hf" and args.admission != "stream":
         ap.error("--admission applies to --engine vllm (the HF engine always streams)")
     torch.set_num_threads(args.threads)
-    from cbpo.tasks import generate_task
-
     admissions = ["stream", "rounds"] if args.admission == "both" else [args.admission]
     with tempfile.TemporaryDirectory() as tmp:
-        data_dir = args.data_dir
-        if not all((data_dir / "tasks" / task / "test.jsonl").is_file() for task in args.tasks):
-            data_dir = Path(tmp)
-            for task in args.tasks:
-                generate_task(task, data_dir, 0, 200, 50)
-        rows = load_split({"tasks": args.tasks}, data_dir, "test")
-        ckpt = args.checkpoint
-        if ckpt is None:
-            texts = [x for r in load_split({"tasks": args.tasks}, data_dir, "train") for x in (r["question"], r["trace"])]
-            ckpt = prepare_model("tiny", Path(tmp) / "tiny", corpus_texts=texts)
-        model, tokenizer = load_model(ckpt)
-        model.eval()
-        tools = environment_tools(["python", "search"], ToolsConfig(python_timeout=5.0, search_k=3), seed=0)
-        agent_cfg = AgentConfig(max_tool_calls=3, max_new_tokens=64, max_total_tokens=256, max_obs_tokens=96)
-        half = args.problems // 2
-        picked = rows[:half] + rows[-(args.problems - half):]  # both domains
-        methods = {
-            "grpo": get_method("grpo")(budget=16),
-            "cbpo": get_method("cbpo")(vocab_size=len(tokenizer), budget=16, n0=6, w=4, d_min=8),
-        }
+        picked, ckpt, model, tokenizer, tools, agent_cfg, methods = setup(args, Path(tmp))
         runs = {(name, a): [] for a in admissions for name in methods}
         load = os.getloadavg()[0]
         # One engine, as in training: its one-off set-up (the stop-string table) stays out of the timings.

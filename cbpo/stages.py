@@ -53,6 +53,11 @@ class RLConfig:
     # sampling policy): verl's ppo_mini_batch_size schedule. With 1 the ratio is 1 where the
     # gradient is taken, so clip ranges (DAPO's clip-higher, GSPO's) never bind.
     ppo_mini_batches: int = 1
+    # Ours (PrefixGrouper, arXiv 2506.05433): the update runs a micro-batch's rows with one prompt
+    # as one prefix tree, each shared prefix (the prompt, a branch's copied prefix) once in the
+    # forward and backward, where that costs fewer operations than one padded row each (False:
+    # always padded rows); the same log-probs and gradient either way (cbpo/logprobs.py).
+    shared_prefix: bool = True
     temperature: float = 1.0  # ours: the paper gives no rollout temperature
     seed: int = 0
     checkpoint_every: int = 10

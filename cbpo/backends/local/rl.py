@@ -18,7 +18,7 @@ from cbpo import registry
 from cbpo.backends.local.state import resume, save_state
 from cbpo.chat import SYSTEM_PROMPT, build_prompt
 from cbpo.device import autocast
-from cbpo.logprobs import rollout_tensors, token_logprobs
+from cbpo.logprobs import rollout_tensors, token_logprobs, update_logprobs, update_tensors
 from cbpo.objective import ObjectiveConfig, loss_normalisers, policy_objective
 from cbpo.registry import Method
 from cbpo.reward import reward_rollouts
@@ -41,26 +41,21 @@ def policy_update(model, ref_model, opt, trajs, credits, cfg: RLConfig, objectiv
     mini-batch's loss-token count, sequence count and padded length (verl's ``agg_loss``
     arguments), so the micro-batch losses add up to the mini-batch's for every
     ``objective.loss_agg_mode``: the micro-batch size is memory only."""
-    valid = [i for i, (_, m) in enumerate(credits) if np.any(m)]
-    # similar lengths share a micro-batch (less padding); striding keeps each mini-batch's mix
-    valid.sort(key=lambda i: (len(trajs[i].prompt_ids), len(trajs[i].response_ids)))
-    if not valid:
+    rows, plans = update_plan(trajs, credits, cfg)
+    if not rows:
         return {"loss": 0.0, "skipped": 1.0}
-    n_mini = min(cfg.ppo_mini_batches, len(valid))
-    # rollouts without a loss token run no forward pass but count in their mini-batch's 1/M;
-    # valid rows first, so every mini-batch has one to train
-    idle = [i for i in range(len(trajs)) if not np.any(credits[i][1])]
-    rows = [(valid + idle)[j::n_mini] for j in range(n_mini)]
-    minis = [mini[: len(valid[j::n_mini])] for j, mini in enumerate(rows)]
-    plans = [[mini[s : s + cfg.micro_batch_size] for s in range(0, len(mini), cfg.micro_batch_size)] for mini in minis]
+    n_mini = len(rows)
     temp = cfg.temperature if cfg.temperature > 0 else 1.0  # greedy rollouts: score the plain policy
 
+    # rl.shared_prefix: a micro-batch's rows with one prompt may run as one prefix tree, so what
+    # they share (the prompt, a branch's copied prefix) is computed once; same log-probs and gradient.
     def tensors(idx):
-        return rollout_tensors([trajs[i] for i in idx], [credits[i] for i in idx], pad_id, model.device)
+        return update_tensors([trajs[i] for i in idx], [credits[i] for i in idx], pad_id, model.config, cfg.shared_prefix,
+                              model.device)
 
     def logprobs(net, batch):
         with autocast(model.device, dtype):
-            return token_logprobs(net, batch["input_ids"], batch["attention_mask"], batch["n_resp"], temp)
+            return update_logprobs(net, batch, temp)
 
     # pi_old is the policy that sampled the batch, recomputed (as verl's actor does) rather than
     # taken from the engine, whose log-probs are the untempered policy's. With one mini-batch it
@@ -70,7 +65,7 @@ def policy_update(model, ref_model, opt, trajs, credits, cfg: RLConfig, objectiv
         with torch.no_grad():
             old = [[logprobs(model, tensors(idx)) for idx in plan] for plan in plans]
     totals: dict[str, float] = {}
-    for m, (mini, plan) in enumerate(zip(minis, plans)):
+    for m, plan in enumerate(plans):
         batch_info = loss_normalisers(credits, rows[m], cfg.agent.max_total_tokens)
         opt.zero_grad(set_to_none=True)
         for u, idx in enumerate(plan):
@@ -92,6 +87,23 @@ def policy_update(model, ref_model, opt, trajs, credits, cfg: RLConfig, objectiv
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)) / n_mini
         opt.step()
     return totals
+
+def update_plan(trajs, credits, cfg: RLConfig) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """``policy_update``'s rows of each mini-batch (every rollout, in ``cfg.ppo_mini_batches``
+    strided shares) and its micro-batches (the rows with a loss token, ``cfg.micro_batch_size``
+    at a time); none when no rollout has a loss token."""
+    valid = [i for i, (_, m) in enumerate(credits) if np.any(m)]
+    if not valid:
+        return [], []
+    # similar lengths share a micro-batch (less padding); striding keeps each mini-batch's mix
+    valid.sort(key=lambda i: (len(trajs[i].prompt_ids), len(trajs[i].response_ids)))
+    n_mini = min(cfg.ppo_mini_batches, len(valid))
+    # rollouts without a loss token run no forward pass but count in their mini-batch's 1/M;
+    # valid rows first, so every mini-batch has one to train
+    idle = [i for i in range(len(trajs)) if not np.any(credits[i][1])]
+    rows = [(valid + idle)[j::n_mini] for j in range(n_mini)]
+    minis = [mini[: len(valid[j::n_mini])] for j, mini in enumerate(rows)]
+    return rows, [[mini[s : s + cfg.micro_batch_size] for s in range(0, len(mini), cfg.micro_batch_size)] for mini in minis]
 
 def fill_ref_kl(model, ref_model, trajs: Sequence[Trajectory], cfg: RLConfig, pad_id: int,
                 dtype: torch.dtype = torch.float32) -> None:

@@ -50,6 +50,9 @@ from cbpo.tools import step_search_stats
 from cbpo.trajectory import Trajectory
 
 ENTROPIES, FINISH, STOP = "cbpo_entropies", "cbpo_finish_reason", "cbpo_stop_reason"
+CACHED = "cbpo_cached_tokens"  # the prompt tokens vLLM's prefix cache served for the request
+# A group's prefill counts (ServerEngine.rollout_counts), under the local vLLM engine's names.
+PREFILL_STATS = ("prefill_tokens", "prefill_cached_tokens", "prefill_computed_tokens")
 TOP_K = "cbpo_top_k_entropy"  # the sampling parameter that asks the server for them
 STEP = "cbpo_step"  # verl's training step, a column of each generation row (SuiteTrainer._get_gen_batch)
 BATCH_ROWS = "cbpo_batch_rows"  # the training-row indices of the step's whole batch, a column of each row
@@ -61,15 +64,20 @@ DRAW_STATS = ("kept_groups", "extra_rollouts", "extra_generated_tokens", "extra_
 class ServerEngine(SamplingEngine):
     """``SamplingEngine.sample`` over an async ``generate(request_id, *, prompt_ids, sampling_params)``
     (verl's ``LLMServerClient``) running on ``loop``; ``sample`` is called from another thread
-    (the method's collect) and waits for all of one round's requests, sent concurrently."""
+    (the method's collect) and waits for all of one round's requests, sent concurrently.
 
-    def __init__(self, generate: Callable[..., Awaitable[Any]], loop: asyncio.AbstractEventLoop, request_prefix: str,
+    Every request of the engine (one per problem) goes under one id, ``request_id``: verl's
+    router keeps an id on the server it first chose (``GlobalRequestLoadBalancer``'s sticky
+    session), so a problem's parents, branches and later turns reach the server whose prefix
+    cache holds their prompt and prefixes; verl's client sends vLLM a fresh uuid per call
+    (``LLMServerClient._vllm_request_id``), so concurrent requests never share a vLLM id."""
+
+    def __init__(self, generate: Callable[..., Awaitable[Any]], loop: asyncio.AbstractEventLoop, request_id: str,
                  top_k_entropy: int = 10, temperature: float = 1.0, top_p: float = 1.0) -> None:
         check_sampling_settings(top_k_entropy, temperature, top_p)
-        self.generate, self.loop = generate, loop
+        self.generate, self.loop, self.request_id = generate, loop, request_id
         self.top_k_entropy, self.temperature, self.top_p = top_k_entropy, temperature, top_p
-        # vLLM refuses two live requests with one id; the problem's prefix keeps them together in logs
-        self._ids = (f"{request_prefix}-{n}" for n in itertools.count())
+        self.prefill_tokens = self.prefill_cached_tokens = 0  # prompt tokens sent, and served by the prefix cache
 
     def _sample(self, contexts, budgets, stop_ids, stop_strings) -> list[Sample]:
         samples = [Sample() for _ in contexts]
@@ -81,7 +89,7 @@ class ServerEngine(SamplingEngine):
         return samples
 
     async def _one(self, row: int, context: list[int], cap: int, stop_ids: frozenset[int], stop_strings) -> Sample:
-        out = await self.generate(next(self._ids), prompt_ids=context, sampling_params={
+        out = await self.generate(self.request_id, prompt_ids=context, sampling_params={
             "temperature": self.temperature, "top_p": self.top_p, "top_k": -1, "max_tokens": cap,
             "stop_token_ids": sorted(stop_ids), "stop": list(stop_strings), "include_stop_str_in_output": True,
             "skip_special_tokens": False, "logprobs": True, TOP_K: self.top_k_entropy,
@@ -90,10 +98,19 @@ class ServerEngine(SamplingEngine):
         if ENTROPIES not in extra:
             raise RuntimeError("the LLM server sent no top-K entropies: it must be the suite's server "
                                f"(sampling parameter {TOP_K!r}, see cbpo/backends/verl/agent_loop.py)")
+        self.prefill_tokens += len(context)
+        self.prefill_cached_tokens += int(extra.get(CACHED) or 0)  # None: nothing cached
         ids = [int(t) for t in out.token_ids]
         s = Sample(token_ids=ids, logprobs=[float(x) for x in out.log_probs], entropies=[float(x) for x in extra[ENTROPIES]])
         s.stop, s.stop_match = stop_reason(extra[FINISH], extra[STOP], ids, stop_ids, row)
         return s
+
+
+    def rollout_counts(self) -> dict[str, int]:
+        """Since start: :meth:`VLLMEngine.rollout_counts`' prefill counts (vLLM's engine steps
+        are the server's, not seen here)."""
+        return {"prefill_tokens": self.prefill_tokens, "prefill_cached_tokens": self.prefill_cached_tokens,
+                "prefill_computed_tokens": self.prefill_tokens - self.prefill_cached_tokens}
 
 
 async def _gather(requests):
@@ -130,8 +147,9 @@ class GroupRollouts:
         batch holds the training rows ``batch_rows``.
 
         The counts go with rollout 0, zeros with the others: the search counts
-        (``CountedSearch.since_last`` of this worker's search tool, read as the group ends) and,
-        for a method with replacement problems, its ``DRAW_STATS``. Groups running at once share
+        (``CountedSearch.since_last`` of this worker's search tool, read as the group ends), the
+        group's ``PREFILL_STATS`` (its engine's) and, for a method with replacement problems, its
+        ``DRAW_STATS``. Groups running at once share
         the tool, so a group's search counts may hold another's calls, but every call is counted
         once, by a group of the step that made it (verl's trainer waits for all groups before it
         trains): summed over a step's batch they are the step's, as in the local trainer's line."""
@@ -200,7 +218,7 @@ class GroupRollouts:
             raise RuntimeError(f"{self.method.name} returned {len(group)} rollouts for {uid}, but verl asks for "
                                f"rollout.n = {self.budget} per problem")
         self.score([t for t in group if t.reward is None], answered)
-        counts = step_search_stats(self.tools)
+        counts = step_search_stats(self.tools) | engine.rollout_counts()
         if self.draws > 1:  # the group returned to verl is trained even when no draw was informative
             counts |= {"kept_groups": len(kept), **registry.extra_stats((t for _, g in drawn for t in g), [group])}
         return group, answered, counts, privileged(method, groups, group)

@@ -4,8 +4,8 @@ A request whose sampling parameters carry ``cbpo_top_k_entropy`` = K (``ServerEn
 agent_loop.py) is run by verl's own ``generate`` with two differences: vLLM is asked for
 ``logprobs=K`` instead of verl's 0, and the returned ``TokenOutput`` carries, in
 ``extra_fields``, one truncated top-K entropy per generated token (``top_k_entropy``, the local
-vLLM engine's reduction) and vLLM's own finish and stop reasons, which verl folds into
-"completed". Every other request, and every other field, is verl's. ``SuiteReplica`` runs this
+vLLM engine's reduction), vLLM's own finish and stop reasons, which verl folds into
+"completed", and the prompt tokens vLLM's prefix cache served (``num_cached_tokens``). Every other request, and every other field, is verl's. ``SuiteReplica`` runs this
 server; the trainer (trainer.py) makes it the replica verl builds for ``rollout.name`` "vllm".
 
 Checked in verl 0.9.1's source (``vllm_async_server.py``, ``llm_server.py``, ``replica.py``):
@@ -39,7 +39,7 @@ import ray
 from verl.workers.rollout.replica import TokenOutput
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
 
-from cbpo.backends.verl.agent_loop import ENTROPIES, FINISH, STOP, TOP_K
+from cbpo.backends.verl.agent_loop import CACHED, ENTROPIES, FINISH, STOP, TOP_K
 from cbpo.rollout.vllm_engine import top_k_entropy
 
 
@@ -104,6 +104,7 @@ class SuiteServer(vLLMHttpServer):
         out.extra_fields.update({
             ENTROPIES: [top_k_entropy(entries, asked.k) for entries in completion.logprobs],
             FINISH: completion.finish_reason, STOP: completion.stop_reason,
+            CACHED: asked.final.num_cached_tokens,  # None: nothing cached
         })
         return out
 

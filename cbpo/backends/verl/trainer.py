@@ -37,7 +37,7 @@ from verl.workers.rollout.replica import RolloutReplicaRegistry
 
 from cbpo import registry
 from cbpo.backends.verl import credit
-from cbpo.backends.verl.agent_loop import BATCH_ROWS, DRAW_STATS, STEP, GroupRollouts, ServerEngine
+from cbpo.backends.verl.agent_loop import BATCH_ROWS, DRAW_STATS, PREFILL_STATS, STEP, GroupRollouts, ServerEngine
 from cbpo.backends.verl.config import AGENT_LOOP
 from cbpo.chat import build_prompt, resolve_system_prompt
 from cbpo.registry import build_method
@@ -74,16 +74,19 @@ def step_searches(non_tensor) -> dict:
     return {key: None if None in n else int(sum(n)) for key, n in counts.items()}
 
 
-def draw_fields(counts: dict) -> dict:
-    """A group's draws of replacement problems (``GroupRollouts.rollout``) as extra fields; none
-    for a method that draws none."""
-    return {f"cbpo_{key}": counts[key] for key in DRAW_STATS if key in counts}
+def group_fields(counts: dict) -> dict:
+    """A group's prefill counts and draws of replacement problems (``GroupRollouts.rollout``) as
+    extra fields; no draws for a method that draws none."""
+    return {f"cbpo_{key}": counts[key] for key in (*PREFILL_STATS, *DRAW_STATS) if key in counts}
 
 
-def step_draws(non_tensor) -> dict:
-    """A step's draws under the local trainer's names (DAPO's ``step_stats``): its informative
-    groups and the rollouts drawn and not trained on, with their tokens and tool calls."""
-    return {key: int(sum(non_tensor[f"cbpo_{key}"])) for key in DRAW_STATS if f"cbpo_{key}" in non_tensor}
+def step_group_counts(non_tensor) -> dict:
+    """A step's group counts under the local trainer's names: the prompt tokens its requests
+    prefilled, those vLLM's prefix cache served and the rest (``rollout_counts`` of the local
+    vLLM engine), and its draws (DAPO's ``step_stats``): its informative groups and the
+    rollouts drawn and not trained on, with their tokens and tool calls."""
+    return {key: int(sum(non_tensor[f"cbpo_{key}"])) for key in (*PREFILL_STATS, *DRAW_STATS)
+            if f"cbpo_{key}" in non_tensor}
 
 
 def step_rollouts(data) -> dict:
@@ -103,7 +106,7 @@ def step_rollouts(data) -> dict:
         "tool_seconds": float(sum(nt["cbpo_tool_seconds"])),
         **{f"n_{k}": kinds.count(k) for k in sorted({"parent", "branch", "fill"} | set(kinds))},
         **step_searches(nt),
-        **step_draws(nt),
+        **step_group_counts(nt),
     }
 
 
@@ -355,5 +358,5 @@ class GroupAgentLoop(AgentLoopBase):
             response_logprobs=t.logprobs, reward_score=t.reward, num_turns=2 * t.tool_calls + 2,
             metrics=AgentLoopMetrics(),
             extra_fields={**credit.rollout_fields(t, k, hinted, leaked), **rollout_stats(t, row), **search_fields(counts),
-                          **draw_fields(counts)},
+                          **group_fields(counts)},
         )

@@ -58,18 +58,24 @@ class ScriptedEngine:
 
 
 class FakeServer:
-    """verl's ``LLMServerClient.generate`` with the suite's server contract; records requests."""
+    """verl's ``LLMServerClient.generate`` with the suite's server contract; records requests.
+    Its prefix cache serves a request the longest prefix of its prompt that an earlier request's
+    prompt shares (vLLM's counts whole blocks; this fake counts tokens)."""
 
     def __init__(self, tokenizer):
-        self.tokenizer, self.requests = tokenizer, []
+        self.tokenizer, self.requests, self.cached = tokenizer, [], []
 
     async def generate(self, request_id, *, prompt_ids, sampling_params):
+        cached = max((next((i for i, (a, b) in enumerate(zip(p, prompt_ids)) if a != b), min(len(p), len(prompt_ids)))
+                      for _, p, _ in self.requests), default=0)
+        self.cached.append(cached)
         self.requests.append((request_id, prompt_ids, sampling_params))
         await asyncio.sleep(0)  # let the other requests of the round in
         ids, lps, ents, finish, why = reply(self.tokenizer, prompt_ids, sampling_params["max_tokens"],
                                             frozenset(sampling_params["stop_token_ids"]))
         return SimpleNamespace(token_ids=ids, log_probs=lps, extra_fields={
-            agent_loop.ENTROPIES: ents, agent_loop.FINISH: finish, agent_loop.STOP: why})
+            agent_loop.ENTROPIES: ents, agent_loop.FINISH: finish, agent_loop.STOP: why,
+            agent_loop.CACHED: cached})
 
 
 def cbpo(tokenizer):
@@ -118,7 +124,12 @@ def test_grouped_agent_loop_builds_the_local_engines_rollouts(tokenizer):
     assert [k for _, k, _, _, _ in outputs] == list(range(BUDGET))
     remote = [t for t, _, _, _, _ in outputs]
     assert all(answered is row for _, _, answered, _, _ in outputs)
-    assert all(counts == {} for _, _, _, counts, _ in outputs)  # no search tool, no draws: no counts
+    # no search tool, no draws: the group's prefill counts only, with rollout 0
+    prompts = sum(len(p) for _, p, _ in server.requests)
+    assert outputs[0][3] == {"prefill_tokens": prompts, "prefill_cached_tokens": sum(server.cached),
+                             "prefill_computed_tokens": prompts - sum(server.cached)}
+    assert sum(server.cached) > 0
+    assert all(counts == dict.fromkeys(agent_loop.PREFILL_STATS, 0) for _, _, _, counts, _ in outputs[1:])
 
     kinds = [t.kind for t in local]
     assert "branch" in kinds and kinds.count("parent") == 3  # the plan branched: the comparison is not vacuous
@@ -133,8 +144,8 @@ def test_grouped_agent_loop_builds_the_local_engines_rollouts(tokenizer):
             cut = int(parent.model_positions()[t.at])
             assert t.response_ids[:cut] == parent.response_ids[:cut]
             assert any(p == parent.prompt_ids + parent.response_ids[:cut] for _, p, _ in server.requests)
-    ids = [rid for rid, _, _ in server.requests]
-    assert len(set(ids)) == len(ids) and all(rid.startswith("uid-p-") for rid in ids)
+    # one request id for the whole group: verl's router sends it to one server (sticky by problem)
+    assert {rid for rid, _, _ in server.requests} == {"uid-p"}
     assert all(sp[agent_loop.TOP_K] == 3 and sp["logprobs"] for _, _, sp in server.requests)
 
 
@@ -165,7 +176,8 @@ def test_a_steps_search_counts_are_every_call_once_however_groups_overlap(tokeni
     firsts = [searches for _, k, _, searches, _ in outputs if k == 0]
     assert len(firsts) == 2 and sum(s["search_calls"] for s in firsts) == len(calls) == counted.calls
     assert all(s["search_cache_hits"] is None for s in firsts)  # no cache: nothing to count
-    assert all(searches == {"search_calls": 0, "search_cache_hits": None, "search_cache_misses": None}
+    assert all(searches == {"search_calls": 0, "search_cache_hits": None, "search_cache_misses": None,
+                            **dict.fromkeys(agent_loop.PREFILL_STATS, 0)}
                for _, k, _, searches, _ in outputs if k != 0)
     assert counted.since_last()["search_calls"] == 0  # nothing left over for the next step
 
@@ -232,8 +244,10 @@ def answers(tokenizer, outputs, row):
 
 
 def counts_on_rollout_zero(outputs, **first):
-    assert outputs[0][3] == first
-    assert all(counts == dict.fromkeys(first, 0) for _, k, _, counts, _ in outputs if k)
+    """The draws counted with rollout 0, zeros with the others (beside the prefill counts)."""
+    draws = [{key: n for key, n in counts.items() if key not in agent_loop.PREFILL_STATS} for _, _, _, counts, _ in outputs]
+    assert draws[0] == first
+    assert all(d == dict.fromkeys(first, 0) for d in draws[1:])
 
 
 def test_an_uninformative_rows_group_is_replaced_by_a_replacements_informative_group(tokenizer):
@@ -307,7 +321,7 @@ def test_dapo_offered_one_problem_trains_the_rows_group_and_counts_no_draws(toke
     rows = problems(informative=set())
     _, outputs, drawn = dapo_group(tokenizer, dapo(**overrides), rows, 1, pool=())
     answers(tokenizer, outputs, rows[1])
-    assert drawn == ["p1"] and all(counts == {} for _, _, _, counts, _ in outputs)
+    assert drawn == ["p1"] and all(set(counts) == set(agent_loop.PREFILL_STATS) for _, _, _, counts, _ in outputs)
 
 
 # OC-GRPO: privileged rollouts are returned hint-free and carry their hinted prompt and leak flag.

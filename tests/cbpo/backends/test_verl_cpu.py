@@ -62,6 +62,9 @@ def check_finished(run: Path, steps: int, rollouts: int | None = 2 * 4) -> list[
         assert LOCAL_KEYS <= set(m), LOCAL_KEYS - set(m)
         assert m["rollouts"] == rollouts if rollouts else m["rollouts"] > 0  # smoke: 2 problems x budget 4
         assert m["generated_tokens"] > 0
+        # the server's prefix-cache counts reach the line (#37 item 2)
+        assert m["prefill_tokens"] > 0 and 0 <= m["prefill_cached_tokens"] <= m["prefill_tokens"]
+        assert m["prefill_computed_tokens"] == m["prefill_tokens"] - m["prefill_cached_tokens"]
         # vLLM (float32 on CPU) samples the policy the FSDP actor scores
         assert m["rollout_probs_diff_max"] < 1e-3, m["rollout_probs_diff_max"]
     return lines
@@ -70,7 +73,8 @@ def check_finished(run: Path, steps: int, rollouts: int | None = 2 * 4) -> list[
 def test_grpo_trains_on_verls_ray_fsdp_and_vllm_processes(study):
     train(study, "grpo")
     lines = check_finished(run_dir(study, "grpo"), 2)
-    print("grpo on verl:", [(m["step"], round(m["wall_seconds"], 1), m["rollout_probs_diff_max"]) for m in lines])
+    print("grpo on verl:", [(m["step"], round(m["wall_seconds"], 1), m["rollout_probs_diff_max"], m["prefill_cached_tokens"],
+                             m["prefill_tokens"]) for m in lines])
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
@@ -112,8 +116,8 @@ def test_cbpo_trains_on_verl_and_a_killed_run_resumes_from_its_checkpoint(study)
     train(study, "cbpo", *KILLED_RUN)
     lines = check_finished(run, 4)
     assert lines[0] == first[0]  # step 1 came from the checkpoint, not trained again
-    print("cbpo on verl:", [(m["step"], m["n_branch"], round(m["wall_seconds"], 1), m["rollout_probs_diff_max"])
-                            for m in lines])
+    print("cbpo on verl:", [(m["step"], m["n_branch"], round(m["wall_seconds"], 1), m["rollout_probs_diff_max"],
+                             m["prefill_cached_tokens"], m["prefill_tokens"]) for m in lines])
 
 
 def test_sft_trains_with_verls_fsdp_sft_trainer_into_the_local_backends_final(study):

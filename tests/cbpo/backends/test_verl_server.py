@@ -12,6 +12,7 @@ import importlib.machinery
 import importlib.metadata
 import sys
 import types
+import uuid
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,7 +154,7 @@ def stream(prompt_ids, params: SamplingParams):
         entries.append({t: SimpleNamespace(logprob=float(lp[t])) for t in top + [tok]})
     for m in range(1, len(tokens) + 1):
         done = m == len(tokens)
-        yield SimpleNamespace(num_cached_tokens=0, prompt_logprobs=None, outputs=[SimpleNamespace(
+        yield SimpleNamespace(num_cached_tokens=len(prompt_ids) // 2, prompt_logprobs=None, outputs=[SimpleNamespace(
             token_ids=tokens[:m], logprobs=None if params.logprobs is None else entries[:m],
             finish_reason=finish if done else None, stop_reason=why if done else None)])
 
@@ -226,6 +227,7 @@ def test_entropies_and_vllms_finish_reasons_come_back_beside_verls_log_probs(ser
         final = list(stream(prompt, suite.engine.params[f"s{n}"]))[-1].outputs[0]
         assert (out.extra_fields[agent_loop.FINISH], out.extra_fields[agent_loop.STOP]) == (final.finish_reason,
                                                                                              final.stop_reason)
+        assert out.extra_fields[agent_loop.CACHED] == len(prompt) // 2  # vLLM's prefix-cache hits, passed on
         endings.add((final.finish_reason, type(final.stop_reason)))
         outside_top_k |= any(len(e) == k + 1 for e in final.logprobs)
     # every way vLLM ends a request, and sampled tokens outside the top K, were exercised
@@ -236,7 +238,7 @@ def test_a_request_without_k_gets_verls_stock_server(servers):
     suite, stock = servers
     out = asyncio.run(suite.generate(PROMPTS[0], request(), "a"))
     assert out == asyncio.run(stock.generate(PROMPTS[0], request(), "b"))
-    assert not {agent_loop.ENTROPIES, agent_loop.FINISH, agent_loop.STOP} & set(out.extra_fields)
+    assert not {agent_loop.ENTROPIES, agent_loop.FINISH, agent_loop.STOP, agent_loop.CACHED} & set(out.extra_fields)
     assert suite.engine.params["a"].logprobs == 0
     # the suite's key never reaches SamplingParams, which refuses it as vLLM's does
     with pytest.raises(TypeError, match=agent_loop.TOP_K):
@@ -275,14 +277,31 @@ def test_an_aborted_request_is_an_error_not_a_sample(servers):
         asyncio.run(suite.generate(PROMPTS[0], request(3), "x"))
 
 
+def test_verls_router_keeps_one_request_id_on_one_server_and_its_client_sends_vllm_fresh_ids(loaded):
+    # ServerEngine sends a problem's requests under one id (#37 item 2): verl 0.9.1's router must
+    # then keep them on one server however loaded, and its client must not hand vLLM that id.
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.router import GlobalRequestLoadBalancer
+
+    router = GlobalRequestLoadBalancer({"a": "server a", "b": "server b"})
+    first, _ = router.acquire_server("uid-p")
+    assert {router.acquire_server("uid-p")[0] for _ in range(8)} == {first}  # 9 in flight there, 0 on the other
+    assert router.acquire_server("uid-q")[0] != first  # a new problem goes to the least loaded
+    rollout = SimpleNamespace(full_determinism=False)
+    client = LLMServerClient(SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=rollout)))
+    ids = {client._vllm_request_id("uid-p") for _ in range(4)}
+    assert len(ids) == 4 and "uid-p" not in ids
+
+
 def test_server_engine_over_the_suite_server_samples_as_the_local_vllm_engine(servers):
     from cbpo.rollout.vllm_engine import VLLMEngine
 
     suite, _ = servers
     k, caps = 3, [5, 4, 7, 5, 6, 5, 3, 5, 7, 5, 4, 6, 5, 7, 5, 5]
 
-    async def client(request_id, *, prompt_ids, sampling_params):  # verl's LLMServerClient, minus Ray
-        return await suite.generate(prompt_ids, sampling_params, request_id)
+    async def client(request_id, *, prompt_ids, sampling_params):
+        # verl's LLMServerClient, minus Ray: request_id picks the server, vLLM gets a fresh uuid
+        return await suite.generate(prompt_ids, sampling_params, uuid.uuid4().hex)
 
     async def through_verl():
         engine = agent_loop.ServerEngine(client, asyncio.get_running_loop(), "uid", top_k_entropy=k)

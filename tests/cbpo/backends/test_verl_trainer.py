@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from cbpo.backends.verl import credit
-from cbpo.backends.verl.agent_loop import DRAW_STATS
+from cbpo.backends.verl.agent_loop import DRAW_STATS, PREFILL_STATS
 from cbpo.registry import get_method
 from cbpo.runs import DONE, fingerprint
 from cbpo.trajectory import Trajectory
@@ -22,7 +22,7 @@ from verl import DataProto  # noqa: E402
 from verl.trainer.ppo import ray_trainer  # noqa: E402
 from verl.utils import tracking  # noqa: E402
 
-from cbpo.backends.verl.trainer import SuiteTrainer, draw_fields, rollout_stats, search_fields  # noqa: E402
+from cbpo.backends.verl.trainer import SuiteTrainer, group_fields, rollout_stats, search_fields  # noqa: E402
 from cbpo.runlog import MetricsLog  # noqa: E402
 
 # What verl 0.9.1's fit passes to its logger each step: the actor's metrics renamed with
@@ -56,7 +56,7 @@ def verl_batch(verl_batch):
             return counts[g] if k == 0 else {key: None if n is None else 0 for key, n in counts[g].items()}
 
         return verl_batch(groups, fields=lambda g, k, t: {**rollout_stats(t, {"domain": "math"}), **search_fields(of(g, k)),
-                                                          **draw_fields(of(g, k))})
+                                                          **group_fields(of(g, k))})
 
     return make
 
@@ -161,6 +161,17 @@ def test_the_metrics_line_sums_a_steps_draws_under_the_local_trainers_keys(suite
     assert set(local) - {"gen_batches"} <= set(line), sorted(set(local) - set(line))
     assert {key: line[key] for key in DRAW_STATS} == {"kept_groups": 1, "extra_rollouts": 24,
                                                       "extra_generated_tokens": 110, "extra_tool_calls": 3}
+
+
+def test_the_metrics_line_sums_the_groups_prefill_counts_under_the_local_vllm_engines_keys(suite_trainer, verl_batch,
+                                                                                           tmp_path, cbpo_groups):
+    prefill = [{"prefill_tokens": 400, "prefill_cached_tokens": 300, "prefill_computed_tokens": 100},
+               {"prefill_tokens": 500, "prefill_cached_tokens": 350, "prefill_computed_tokens": 150}]
+    suite_trainer(cbpo(), verl_batch(cbpo_groups, counts=prefill)).fit()
+
+    (line,) = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert {key: line[key] for key in PREFILL_STATS} == {"prefill_tokens": 900, "prefill_cached_tokens": 650,
+                                                         "prefill_computed_tokens": 250}
 
 
 @pytest.mark.parametrize("cached", [True, False])

@@ -9,7 +9,7 @@ import torch
 
 import cbpo.backends.local.rl as rl
 from cbpo.backends.local.rl import policy_update
-from cbpo.logprobs import rollout_tensors, token_logprobs
+from cbpo.logprobs import rollout_tensors, token_logprobs, update_tensors
 from cbpo.objective import LOSS_AGG_MODES, ObjectiveConfig
 from cbpo.runlog import MetricsLog
 from cbpo.stages import RLConfig
@@ -77,6 +77,35 @@ def test_micro_batches_give_the_full_batch_gradient(model, mode):
     assert whole.abs().max() > 0
     assert torch.allclose(whole, split, rtol=1e-4, atol=1e-7)
     assert split_stats["loss"] == pytest.approx(whole_stats["loss"], rel=1e-5)
+
+
+def test_shared_prefix_update_takes_the_same_steps(model, monkeypatch):
+    # rl.shared_prefix (#37 item 3): two mini-batches, a KL term and micro-batches of two rows,
+    # rows sharing a prompt and a branch's prefix: the same parameters after the update.
+    trajs = [_traj([5, 6], [8, 9, 10, 11], [True, True, False, True]), _traj([5, 6], [8, 12], [True, True]),
+             _traj([5, 6], [8, 9, 10, 13], [True, True, False, True]), _traj([7], [8, 9], [True, True]),
+             _traj([5, 6], [14], [True]), _traj([7], [15, 9, 10], [True, True, True])]
+    rng = np.random.default_rng(1)
+    credits = [(rng.normal(size=t.n_model_tokens), np.ones(t.n_model_tokens)) for t in trajs]
+    ref_model = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in ref_model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    layouts = []
+    monkeypatch.setattr(rl, "update_tensors", lambda *a, **k: layouts.append(update_tensors(*a, **k)) or layouts[-1])
+    nets, stats = [], []
+    for shared in (False, True):
+        net = copy.deepcopy(model)
+        cfg = RLConfig(micro_batch_size=2, ppo_mini_batches=2, shared_prefix=shared)
+        stats.append(policy_update(net, ref_model, torch.optim.AdamW(net.parameters(), lr=1e-2), trajs, credits, cfg,
+                                   ObjectiveConfig(beta=0.1), 0))
+        nets.append(torch.cat([p.detach().flatten() for p in net.parameters()]))
+    start = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert (nets[0] - start).abs().max() > 1e-3
+    assert any("visible" in b for b in layouts)  # trees ran (the shared run's micro-batches)
+    assert torch.allclose(nets[1], nets[0], atol=1e-5, rtol=0)
+    assert stats[1]["loss"] == pytest.approx(stats[0]["loss"], abs=1e-6)
+    assert stats[1]["ppo_kl"] == pytest.approx(stats[0]["ppo_kl"], abs=1e-6) and stats[0]["ppo_kl"] != 0.0
 
 
 def test_step_problems_walk_epochs_over_the_pool():
