@@ -28,11 +28,12 @@ line ``excess stream=X rounds=Y; cbpo stream/rounds=Z``:
     OMP_NUM_THREADS=2 .venv-engines/bin/python benchmarks/bench_rollout.py --engine vllm --admission both \
         --checkpoint models/smollm2-135m
 
-``--engine verl`` measures the verl path instead (run it in the engine environment): the DAG
-trains GRPO and CBPO on verl for the smoke preset's 2 steps in a fresh folder (``--workdir``),
-the SFT checkpoint included, and each step's metrics line gives its rollout time and the prompt
-tokens verl's vLLM server prefilled, and of those the share its prefix cache served (a problem's
-requests reach one server, ``ServerEngine``). Smoke scale: 2 problems x 4 slots a step.
+``--engine verl`` measures the verl path instead (run it in the engine environment): in a fresh
+folder (``--workdir``) the DAG makes the smoke preset's SFT checkpoint on verl, then GRPO and CBPO
+(its entropy gate off, so the smoke model branches) train for the preset's 2 steps on verl; each
+step's metrics line gives its rollout time and the prompt tokens verl's vLLM server prefilled,
+and of those the share its prefix cache served (a problem's requests reach one server,
+``ServerEngine``). Smoke scale: 2 problems x 4 slots a step.
 
     OMP_NUM_THREADS=2 .venv-engines/bin/python benchmarks/bench_rollout.py --engine verl
 
@@ -168,16 +169,21 @@ def setup(args, tmp: Path):
 
 
 def verl_mode(workdir: Path) -> None:
-    """GRPO and CBPO on verl through the DAG (smoke preset, its 2 steps) in ``workdir``; each
-    step's rollout seconds and prefix-cache counts from the metrics lines."""
+    """The DAG's smoke-preset SFT checkpoint on verl in ``workdir``, then 2 steps on verl of GRPO
+    and of CBPO with the entropy gate off (``method.kappa=0``: the smoke model's entropies are
+    flat, so the paper's kappa never lets it branch); each step's rollout seconds and
+    prefix-cache counts from the metrics lines."""
     runs = workdir / "runs" / "smoke" / "tiny" / "mix" / "seed0"
-    methods = ("grpo", "cbpo")
-    snakemake = Path(sys.executable).with_name("snakemake")
+    paths = [f"paths.{name}_dir={workdir / name}" for name in ("data", "models", "runs")]
     t0 = time.perf_counter()
-    subprocess.run([str(snakemake), *(f"{runs.relative_to(workdir)}/{m}/final/DONE.json" for m in methods),
+    subprocess.run([str(Path(sys.executable).with_name("snakemake")), f"{runs.relative_to(workdir)}/sft/final/DONE.json",
                     "-s", str(ROOT / "Snakefile"), "-d", str(workdir), "-c2", "--config", "preset=smoke", "backend=verl"],
                    check=True)
-    print(f"verl, smoke preset (2 problems x 4 slots a step); DAG {time.perf_counter() - t0:.0f} s; "
+    methods = {"grpo": ["method=grpo"], "cbpo-kappa0": ["method=cbpo", "method.kappa=0", "run_name=cbpo-kappa0"]}
+    for overrides in methods.values():
+        subprocess.run([sys.executable, "-m", "cbpo.train", "stage=rl", "backend=verl", "preset=smoke",
+                        "verl.gpus_per_node=1", *paths, *overrides], cwd=workdir, check=True)
+    print(f"verl, smoke preset (2 problems x 4 slots a step); {time.perf_counter() - t0:.0f} s with SFT; "
           f"load average {os.getloadavg()[0]:.2f}; CPU {cpu_isa()}")
     share = {}
     for m in methods:
@@ -187,7 +193,7 @@ def verl_mode(workdir: Path) -> None:
                   f"prompt tokens {line['prefill_tokens']} (cache hits {line['prefill_cached_tokens']}, computed "
                   f"{line['prefill_computed_tokens']})")
         share[m] = sum(x["prefill_cached_tokens"] for x in lines) / max(1, sum(x["prefill_tokens"] for x in lines))
-    print(f"verl cache-hit share grpo={share['grpo']:.3f} cbpo={share['cbpo']:.3f}")
+    print("verl cache-hit share " + " ".join(f"{m}={v:.3f}" for m, v in share.items()))
 
 
 def main() -> None:

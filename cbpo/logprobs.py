@@ -168,8 +168,11 @@ def update_tensors(trajs: Sequence[Trajectory], credits, pad_id: int, config, sh
     (:func:`forward_cost`): with ``shared``, prefix trees (:func:`prefix_tree_tensors`) where
     what the rows share outweighs a tree's dense attention over all its nodes; padded rows
     (:func:`rollout_tensors`) where it does not (long responses under a short prompt) or
-    without ``shared``. Both give the same log-probs (:func:`update_logprobs`)."""
-    tree = prefix_tree_tensors(trajs, credits, pad_id, device, cheaper_for=config) if shared else None
+    without ``shared`` or a mask-taking attention. Both give the same log-probs
+    (:func:`update_logprobs`)."""
+    # a 4-D mask is what sdpa and eager attention take; flash attention kernels take none
+    masks = getattr(config, "_attn_implementation", "sdpa") in ("sdpa", "eager")
+    tree = prefix_tree_tensors(trajs, credits, pad_id, device, cheaper_for=config) if shared and masks else None
     return rollout_tensors(trajs, credits, pad_id, device) if tree is None else tree
 
 

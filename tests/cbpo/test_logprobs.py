@@ -91,3 +91,5 @@ def test_update_tensors_picks_trees_where_sharing_outweighs_their_dense_attentio
     assert layout(rows(4)) == "tree"  # a 40-token prompt under short responses: computed once
     assert layout(rows(400)) == "padded"  # 8 x 400 nodes attending densely cost more than the prompt saves
     assert layout(rows(4), shared=False) == "padded"
+    config._attn_implementation = "flash_attention_2"  # its kernels take no 4-D mask
+    assert layout(rows(4)) == "padded"
