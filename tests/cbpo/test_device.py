@@ -55,13 +55,14 @@ def test_rollout_tensors_land_on_the_device_asked_for():
 
 def test_policy_update_builds_its_batch_on_the_models_device_and_computes_in_dtype(model, monkeypatch):
     devices, dtypes = [], []
-    build = rl.rollout_tensors
+    build = rl.update_tensors
 
     def recording(*args, **kwargs):
-        devices.append(args[3] if len(args) > 3 else kwargs.get("device"))
-        return build(*args, **kwargs)
+        batch = build(*args, **kwargs)
+        devices.append(batch["input_ids"].device)
+        return batch
 
-    monkeypatch.setattr(rl, "rollout_tensors", recording)
+    monkeypatch.setattr(rl, "update_tensors", recording)
     model.lm_head.register_forward_hook(lambda _m, _i, out: dtypes.append(out.dtype))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     stats = rl.policy_update(model, None, opt, [_traj()], [(np.ones(2), np.ones(2))], stages.RLConfig(),
