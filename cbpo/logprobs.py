@@ -158,7 +158,7 @@ def forward_cost(config, rows: int, width: int, logits: int) -> float:
     pair 2 d, dense as sdpa computes a masked or padded batch) and of ``logits`` rows of the
     output layer: the scale on which :func:`update_tensors` picks a layout."""
     d = config.hidden_size
-    per_position = 4 * d * d + 3 * d * config.intermediate_size + 2 * width * d
+    per_position = 4 * d * d + 3 * d * getattr(config, "intermediate_size", 4 * d) + 2 * width * d
     return config.num_hidden_layers * rows * width * per_position + logits * d * config.vocab_size
 
 

@@ -70,7 +70,8 @@ class ServerEngine(SamplingEngine):
     router keeps an id on the server it first chose (``GlobalRequestLoadBalancer``'s sticky
     session), so a problem's parents, branches and later turns reach the server whose prefix
     cache holds their prompt and prefixes; verl's client sends vLLM a fresh uuid per call
-    (``LLMServerClient._vllm_request_id``), so concurrent requests never share a vLLM id."""
+    (``LLMServerClient._vllm_request_id``; not under ``rollout.full_determinism``, which the suite
+    never sets), so concurrent requests never share a vLLM id."""
 
     def __init__(self, generate: Callable[..., Awaitable[Any]], loop: asyncio.AbstractEventLoop, request_id: str,
                  top_k_entropy: int = 10, temperature: float = 1.0, top_p: float = 1.0) -> None:
@@ -104,7 +105,6 @@ class ServerEngine(SamplingEngine):
         s = Sample(token_ids=ids, logprobs=[float(x) for x in out.log_probs], entropies=[float(x) for x in extra[ENTROPIES]])
         s.stop, s.stop_match = stop_reason(extra[FINISH], extra[STOP], ids, stop_ids, row)
         return s
-
 
     def rollout_counts(self) -> dict[str, int]:
         """Since start: :meth:`VLLMEngine.rollout_counts`' prefill counts (vLLM's engine steps

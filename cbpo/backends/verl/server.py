@@ -5,8 +5,9 @@ agent_loop.py) is run by verl's own ``generate`` with two differences: vLLM is a
 ``logprobs=K`` instead of verl's 0, and the returned ``TokenOutput`` carries, in
 ``extra_fields``, one truncated top-K entropy per generated token (``top_k_entropy``, the local
 vLLM engine's reduction), vLLM's own finish and stop reasons, which verl folds into
-"completed", and the prompt tokens vLLM's prefix cache served (``num_cached_tokens``). Every other request, and every other field, is verl's. ``SuiteReplica`` runs this
-server; the trainer (trainer.py) makes it the replica verl builds for ``rollout.name`` "vllm".
+"completed", and the prompt tokens vLLM's prefix cache served (``num_cached_tokens``). Every
+other request, and every other field, is verl's. ``SuiteReplica`` runs this server; the trainer
+(trainer.py) makes it the replica verl builds for ``rollout.name`` "vllm".
 
 Checked in verl 0.9.1's source (``vllm_async_server.py``, ``llm_server.py``, ``replica.py``):
 
