@@ -37,6 +37,9 @@ class SFTConfig:
             raise ValueError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
 
 
+ASYNC_TRAINING = ("none", "one_step_off")
+
+
 @dataclass
 class RLConfig:
     """The loop's settings. The objective's (clip range, KL weight and estimator, loss
@@ -68,6 +71,13 @@ class RLConfig:
     # With engine=vllm: rows join vLLM's running batch as soon as they are ready ("stream"), or
     # every waiting row is sampled to its stop in one round first ("rounds"; cbpo/rollout/vllm_engine.py).
     vllm_admission: str = "stream"
+    # backend=verl only: "one_step_off" trains on verl's one-step-off-policy trainer, which
+    # generates step s+1's batch (on vLLM servers of their own, verl.async_rollout_gpus per node)
+    # while the actor trains on step s's; "none": verl's synchronous trainer, as the local one.
+    # None by default: its speed-up is verl's measurement on GPUs, not ours (docs/engines.md).
+    # (Named after verl's async_training section: `async` itself is a Python keyword; "none",
+    # not "off", which YAML reads as false.)
+    async_training: str = "none"
     agent: AgentConfig = field(default_factory=AgentConfig)
 
     def __post_init__(self) -> None:
@@ -83,5 +93,7 @@ class RLConfig:
             raise ValueError(f"engine must be 'hf' or 'vllm', got {self.engine!r}")
         if self.vllm_admission not in ("stream", "rounds"):
             raise ValueError(f"vllm_admission must be 'stream' or 'rounds', got {self.vllm_admission!r}")
+        if self.async_training not in ASYNC_TRAINING:
+            raise ValueError(f"async_training must be one of {ASYNC_TRAINING}, got {self.async_training!r}")
         if not 0 < self.vllm_gpu_memory < 1:
             raise ValueError(f"vllm_gpu_memory must lie in (0, 1), got {self.vllm_gpu_memory}")

@@ -105,6 +105,8 @@ def test_a_bad_setting_stops_the_entry_point_naming_its_key(tmp_path, module, ov
         ("tools_cfg.search_k=0", "tools_cfg.search_k"),
         ("wandb.mode=loud", "wandb.mode"),
         ("rl.agent.max_tool_calls=-1", "rl.agent.max_tool_calls"),
+        ("rl.async_training=fully", "rl.async_training"),
+        ("verl.async_rollout_gpus=0", "verl.async_rollout_gpus"),
         ("rl.agent.max_new_tokens=abc", "rl.agent.max_new_tokens"),
         ("+rl.warp=1", "rl.warp"),
         ("method.beta=-1", "method.beta"),

@@ -118,3 +118,14 @@ def test_a_local_verl_study_trains_on_this_machines_shape_and_one_job_at_a_time(
 def test_under_the_slurm_profile_the_plan_keeps_the_profiles_gpus(tmp_path):
     jobs = training_jobs(plan(tmp_path, profile=True, env={"CUDA_VISIBLE_DEVICES": ""}))
     assert jobs and all("verl.gpus_per_node=8" in words for words, _ in jobs.values()), jobs
+
+
+def test_async_training_reaches_the_rl_jobs_on_verl_and_is_refused_elsewhere(tmp_path):
+    # #37 item 4: --config async_training=one_step_off: verl's one-step-off-policy trainer for rl
+    jobs = training_jobs(plan(tmp_path, "async_training=one_step_off", env={"CUDA_VISIBLE_DEVICES": ""}))
+    for name, (words, _) in jobs.items():
+        assert ("rl.async_training=one_step_off" in words) == (name != "sft"), (name, words)
+    assert all(not any(w.startswith("rl.async_training") for w in words) for words, _ in training_jobs(plan(tmp_path)).values())
+    out = subprocess.run([str(SNAKEMAKE), "table1", "-n", "-d", str(tmp_path / "local"), "--config", "preset=smoke",
+                          "async_training=one_step_off"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode != 0 and "it needs backend=verl" in out.stdout + out.stderr

@@ -147,6 +147,9 @@ def preset_sft_steps():
 # paper trains on verl). A job is told its backend only where it differs from what it composes.
 PRESET_BACKEND = composed().backend
 BACKEND = config["backend"] or PRESET_BACKEND
+if config["async_training"] not in (None, "none") and BACKEND != "verl":
+    raise ValueError(f"async_training={config['async_training']} is verl's trainer: it needs backend=verl "
+                     f"(this study trains on {BACKEND})")
 
 
 TEACHER = config["opd_teacher"].get(PRESET)  # None: the DAG trains the tiny teacher

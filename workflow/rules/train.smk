@@ -31,12 +31,14 @@ def verl_gpus_per_node(stage):
 
 def backend_args(stage):
     """The backend settings of a training job: nothing for the local default, else the backend
-    and (verl) the job's nodes and GPUs per node."""
+    and (verl) the job's nodes and GPUs per node, and an rl job's `async_training`."""
     if BACKEND == PRESET_BACKEND == "local":
         return []
     if BACKEND != "verl":
         return [f"backend={BACKEND}"]
-    return [f"backend={BACKEND}", f"verl.nodes={train_nodes()}", f"verl.gpus_per_node={verl_gpus_per_node(stage)}"]
+    overlap = [f"rl.async_training={config['async_training']}"] if stage == "rl" and config["async_training"] else []
+    return [f"backend={BACKEND}", f"verl.nodes={train_nodes()}", f"verl.gpus_per_node={verl_gpus_per_node(stage)}",
+            *overlap]
 
 
 def on_cluster():

@@ -170,6 +170,9 @@ def rl_train(
     follow it), forward passes in ``dtype``; rollouts from ``cfg.engine``."""
     if not rows:
         raise ValueError("RL needs at least one training row")
+    if cfg.async_training != "none":
+        raise ValueError(f"rl.async_training={cfg.async_training} is verl's trainer (backend=verl); the local trainer "
+                         "generates and trains in turn (rl.async_training=none)")
     if cfg.pool_size is not None and not cfg.problems_per_step <= cfg.pool_size <= len(rows):
         raise ValueError(f"rl.pool_size={cfg.pool_size} must lie between problems_per_step={cfg.problems_per_step} "
                          f"and the {len(rows)} training rows")

@@ -34,11 +34,14 @@ class VerlConfig:
     # nodes x gpus_per_node above: whole nodes of gpus_per_node, or part of one
     teacher_gpus: int
     teacher_tensor_parallel: int  # vLLM tensor parallel size per teacher replica
+    # rl.async_training=one_step_off: the vLLM servers' GPUs on each node, beside the actor's
+    # gpus_per_node - async_rollout_gpus (verl's separate rollout pool)
+    async_rollout_gpus: int = 4
     dry_run: bool = False  # print the generated verl config (validated) and stop: no GPU needed
 
     def __post_init__(self) -> None:
         for name in ("nodes", "gpus_per_node", "tensor_parallel", "micro_batch_per_gpu", "teacher_gpus",
-                     "teacher_tensor_parallel"):
+                     "teacher_tensor_parallel", "async_rollout_gpus"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.gpus_per_node % self.tensor_parallel:
@@ -133,6 +136,44 @@ def overrides(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files
     }
 
 
+def one_step_off(verl_cfg: VerlConfig) -> dict:
+    """``rl.async_training=one_step_off``: verl's one-step-off-policy trainer (``verl.experimental.
+    one_step_off_policy``, the task runner in trainer.py) as its own config file sets it up. The
+    actor and the vLLM servers on GPUs of their own (no hybrid engine: the servers keep their
+    weights and KV cache while the actor trains), weights pushed over verl's NCCL checkpoint
+    engine after each update, and verl's bypass mode: the PPO ratio is taken against the log-probs
+    of the policy that sampled (the servers', one step behind the actor), not recomputed."""
+    rollout = verl_cfg.async_rollout_gpus
+    if not rollout < verl_cfg.gpus_per_node or rollout % verl_cfg.tensor_parallel:
+        raise ValueError(f"verl.async_rollout_gpus ({rollout}) must leave the actor GPUs on each node (verl.gpus_per_node="
+                         f"{verl_cfg.gpus_per_node}) and be a multiple of verl.tensor_parallel ({verl_cfg.tensor_parallel})")
+    return {
+        "actor_rollout_ref": {
+            "hybrid_engine": False,
+            "rollout": {"nnodes": verl_cfg.nodes, "n_gpus_per_node": rollout, "free_cache_engine": False,
+                        "calculate_log_probs": True, "checkpoint_engine": {"backend": "nccl"}},
+        },
+        "algorithm": {"rollout_correction": {"bypass_mode": True}},
+        "trainer": {"n_gpus_per_node": verl_cfg.gpus_per_node - rollout},
+        # the loop draws a batch ahead from a data loader it never closes: its worker processes
+        # would be killed under it at the end (a traceback after a finished run); the suite's
+        # rows are read in-process instead
+        "data": {"dataloader_num_workers": 0},
+    }
+
+
+def held_gpus(config: DictConfig) -> int:
+    """The GPUs a verl config holds: the trainer's pool, the separate rollout pool (no hybrid
+    engine) and an OPD teacher's (verl's distillation) beside them."""
+    gpus = config.trainer.nnodes * config.trainer.n_gpus_per_node
+    if not config.actor_rollout_ref.hybrid_engine:
+        gpus += config.actor_rollout_ref.rollout.nnodes * config.actor_rollout_ref.rollout.n_gpus_per_node
+    teacher = config.get("distillation")
+    if teacher is not None and teacher.enabled:
+        gpus += teacher.nnodes * teacher.n_gpus_per_node
+    return gpus
+
+
 def shape(verl_cfg: VerlConfig) -> str:
     """A job's nodes and GPUs per node, and the settings that change them (for an error message)."""
     return (f"verl.nodes={verl_cfg.nodes} x verl.gpus_per_node={verl_cfg.gpus_per_node}; in the DAG set them with "
@@ -201,7 +242,8 @@ def build(cfg: DictConfig, method_cfg, rl, verl_cfg: VerlConfig, train_files: st
     OmegaConf.set_struct(base, True)
     # vLLM's own engine arguments: a free-form dict in verl, passed on to `vllm serve` as they are
     OmegaConf.set_struct(base.actor_rollout_ref.rollout.engine_kwargs.vllm, False)
-    merged = OmegaConf.merge(base, overrides(cfg, method_cfg, rl, verl_cfg, train_files, out))
+    merged = OmegaConf.merge(base, overrides(cfg, method_cfg, rl, verl_cfg, train_files, out),
+                             one_step_off(verl_cfg) if rl.async_training == "one_step_off" else {})
     try:
         validate_config(merged, use_reference_policy=need_reference_policy(merged), use_critic=need_critic(merged))
     except (AssertionError, ValueError) as e:

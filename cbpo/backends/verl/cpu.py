@@ -23,6 +23,11 @@ What this module changes, each for one reason (measured on these machines, ../sh
   cloned out of the shared-memory buffer verl reuses for the next one, and the whole state goes
   through vLLM's own ``reload_weights`` (its model runner's API, on GPU too), which restores the
   checkpoint layout, loads, and prepacks again.
+* ``rl.async_training`` (the actor and the vLLM servers in processes of their own): verl pushes
+  the weights over NCCL (its checkpoint engines are NCCL, HCCL, NIXL and others, none on CPU).
+  ``GlooCheckpointEngine``, registered as ``gloo``, sends them from the actor's rank 0 to the
+  servers' checkpoint-engine workers over a gloo group of their own; the workers hand them to
+  vLLM as for a colocated engine (below).
 * Settings (``config_overrides``): FSDP2 (``strategy=fsdp2``), sdpa attention and no remove-
   padding (flash-attention is CUDA only), vLLM eager (its CPU compile costs ~1 min) with the
   KV cache kept between phases (``free_cache_engine=false``: sleep mode is GPU only), float32,
@@ -35,8 +40,11 @@ The module is loaded by verl itself in every process that imports verl: the laun
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import datetime
 import functools
+import pickle
 import importlib.util
 import os
 from typing import Any
@@ -53,14 +61,18 @@ ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache per vLLM engine
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # several processes share two cores
 }
+GLOO_ENGINE = "gloo"
+# a checkpoint engine's group waits this long for its peers and each tensor (CPU weights are slow)
+GLOO_TIMEOUT = datetime.timedelta(minutes=10)
 # Ray placement: verl asks each worker bundle for CPUs beside its GPU; a laptop's 2 cores are
 # counted as this many (with fewer the placement group waits forever).
 RAY_CPUS_PER_GPU = 8
 
 
-def config_overrides(dtype: str, teacher: bool = False) -> dict:
+def config_overrides(dtype: str, teacher: bool = False, separate: bool = False) -> dict:
     """verl keys a CPU run needs on top of the generated config (see the module docstring);
-    ``teacher``: OPD's teacher servers (verl's distillation) get the rollout's vLLM settings."""
+    ``teacher``: OPD's teacher servers (verl's distillation) get the rollout's vLLM settings;
+    ``separate``: the servers run apart from the actor (no hybrid engine), weights over gloo."""
     engine = {"strategy": "fsdp2", "fsdp_config": {"dtype": dtype}}
     from cbpo.rollout.vllm_engine import CPU_BLOCK_SIZE
 
@@ -73,6 +85,8 @@ def config_overrides(dtype: str, teacher: bool = False) -> dict:
         },
         "trainer": {"device": PLATFORM},
     }
+    if separate:
+        vllm["checkpoint_engine"] = {"backend": GLOO_ENGINE, "custom_backend_module": __name__}
     if teacher:
         overrides["distillation"] = {"teacher_models": {"teacher_model": {"inference": vllm}}}
     return overrides
@@ -106,9 +120,9 @@ def init_ray(config) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env)
         return
-    gpus = config.trainer.n_gpus_per_node * config.trainer.nnodes
-    if config.get("distillation") is not None and config.distillation.enabled:
-        gpus += config.distillation.n_gpus_per_node * config.distillation.nnodes
+    from cbpo.backends.verl.config import held_gpus
+
+    gpus = held_gpus(config)
     ray.init(address="local", num_cpus=RAY_CPUS_PER_GPU * gpus, num_gpus=gpus, runtime_env=runtime_env)
 
 
@@ -317,6 +331,72 @@ def _reload_weights_through_vllm() -> None:
     utils.vLLMColocateWorkerExtension.update_weights_from_ipc = update_weights_from_ipc
 
 
+def _register_checkpoint_engine() -> None:
+    from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
+    from verl.utils.net_utils import get_free_port
+
+    @CheckpointEngineRegistry.register(GLOO_ENGINE)
+    class GlooCheckpointEngine(CheckpointEngine):
+        """The actor's rank 0 broadcasts each weight, as bytes, to every server's checkpoint-
+        engine worker over a gloo group built for one update (verl calls ``prepare``,
+        ``build_topology`` and ``init_process_group`` before each push, ``finalize`` after);
+        each weight's name, shape and dtype go ahead of it through the group's TCP store."""
+
+        def __init__(self, bucket_size: int, is_master: bool = False, **_) -> None:
+            self.is_master = is_master  # verl's actor rank 0; the servers' workers are not
+            self.rank, self.store, self.group = -1, None, None
+
+        def prepare(self) -> dict:
+            if not self.is_master:
+                return {}
+            import ray
+
+            host = ray.util.get_node_ip_address().strip("[]")
+            return {"address": (host, get_free_port(host)[0])}
+
+        @classmethod
+        def build_topology(cls, actor_wg_world_size: int, rollout_world_size: int, metadata: list[dict]):
+            world, address = 1 + rollout_world_size, metadata[0]["address"]
+            # one sender: the actor's other ranks only walk their (collective) weight generator
+            return ({"rank": [0] + [-1] * (actor_wg_world_size - 1), "world_size": [world] * actor_wg_world_size,
+                     "address": [address] * actor_wg_world_size},
+                    {"rank": list(range(1, world)), "world_size": [world] * rollout_world_size,
+                     "address": [address] * rollout_world_size})
+
+        def init_process_group(self, rank: int, world_size: int, address) -> None:
+            self.rank = rank
+            if rank < 0:
+                return
+            self.store = torch.distributed.TCPStore(address[0], address[1], world_size, is_master=rank == 0,
+                                                    timeout=GLOO_TIMEOUT)
+            self.group = torch.distributed.ProcessGroupGloo(self.store, rank, world_size, GLOO_TIMEOUT)
+
+        def finalize(self) -> None:
+            self.rank, self.store, self.group = -1, None, None
+
+        async def send_weights(self, weights, global_steps=None):
+            if self.rank < 0:
+                for _ in weights:
+                    pass
+                return
+            count = 0
+            for name, weight in weights:
+                weight = weight.detach().to(PLATFORM).contiguous()
+                self.store.set(f"weight/{count}", pickle.dumps((name, weight.shape, weight.dtype)))
+                await asyncio.to_thread(lambda w=weight: self.group.broadcast(w.view(-1).view(torch.uint8), 0).wait())
+                count += 1
+            self.store.set(f"weight/{count}", pickle.dumps(None))
+
+        async def receive_weights(self, global_steps=None):
+            count = 0
+            while (meta := pickle.loads(await asyncio.to_thread(self.store.get, f"weight/{count}"))) is not None:
+                name, shape, dtype = meta
+                weight = torch.empty(shape, dtype=dtype)
+                await asyncio.to_thread(lambda w=weight: self.group.broadcast(w.view(-1).view(torch.uint8), 0).wait())
+                yield name, weight
+                count += 1
+
+
 _patched = False
 
 
@@ -328,6 +408,7 @@ def _patch_verl() -> None:
     _register_platform()
     _gloo_process_groups()
     _unpinned_offload()
+    _register_checkpoint_engine()
     if importlib.util.find_spec("vllm") is not None:  # verl's vLLM module refuses to import without it
         _reload_weights_through_vllm()
 

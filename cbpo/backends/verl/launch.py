@@ -75,7 +75,8 @@ def run_verl(cfg: DictConfig, out: Path) -> None:
             nodes.append(generated.distillation.teacher_models.teacher_model.inference)
         for node in nodes:
             OmegaConf.set_struct(node, False)
-        generated = OmegaConf.merge(generated, cpu_overrides(cfg, teacher))
+        separate = not generated.actor_rollout_ref.hybrid_engine  # rl.async_training
+        generated = OmegaConf.merge(generated, cpu_overrides(cfg, teacher, separate))
     runtime_env = generated.ray_kwargs.ray_init.runtime_env
     OmegaConf.set_struct(runtime_env, False)
     # for Ray's workers, which inherit this process's environment only where this process starts
@@ -130,14 +131,15 @@ def fit_prompt_length(generated: DictConfig, cfg: DictConfig, rows) -> None:
     generated.actor_rollout_ref.rollout.prompt_length = longest
 
 
-def cpu_overrides(cfg: DictConfig, teacher: bool = False) -> DictConfig:
+def cpu_overrides(cfg: DictConfig, teacher: bool = False, separate: bool = False) -> DictConfig:
     """cpu.py's settings for this run (importing cpu.py patches nothing until ``activate``);
-    ``teacher``: the run has OPD's teacher servers."""
+    ``teacher``: the run has OPD's teacher servers; ``separate``: its vLLM servers run apart from
+    the actor (``rl.async_training``)."""
     from cbpo.device import resolve_dtype
     from cbpo.backends.verl import cpu
 
     dtype = str(resolve_dtype(cfg.dtype, torch.device("cpu"))).removeprefix("torch.")
-    return OmegaConf.create(cpu.config_overrides(dtype, teacher))
+    return OmegaConf.create(cpu.config_overrides(dtype, teacher, separate))
 
 
 def write_inputs(cfg: DictConfig, generated: DictConfig, rows) -> None:

@@ -1,7 +1,8 @@
 """verl's side of ``backend=verl``: the classes verl's Ray processes build. ``SuiteTaskRunner``
 (verl's task runner, with the suite's trainer), ``SuiteTrainer`` (verl's ``RayPPOTrainer`` with
-the suite's credit, run layout and vLLM server, server.py) and ``GroupAgentLoop`` (the agent
-loop registered as ``cbpo_group``). Imports verl and Ray: only the launch and verl's workers
+the suite's credit, run layout and vLLM server, server.py; ``SuiteOneStepTrainer`` the same on
+verl's one-step-off-policy trainer, ``rl.async_training=one_step_off``) and ``GroupAgentLoop``
+(the agent loop registered as ``cbpo_group``). Imports verl and Ray: only the launch and verl's workers
 load this module.
 
 Written against verl 0.9.1's source. The unit tests stop at the Ray boundary (the advantage
@@ -11,6 +12,7 @@ vLLM for real on CPU, through cpu.py. No GPU has run them yet.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from unittest.mock import patch
@@ -22,6 +24,9 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 from verl import DataProto
+from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
+from verl.experimental.separation import ray_trainer as separate_trainer
+from verl.experimental.separation import utils as separate
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.main_ppo_v0 import BaseTaskRunner
@@ -38,7 +43,7 @@ from verl.workers.rollout.replica import RolloutReplicaRegistry
 from cbpo import registry
 from cbpo.backends.verl import credit
 from cbpo.backends.verl.agent_loop import BATCH_ROWS, DRAW_STATS, PREFILL_STATS, STEP, GroupRollouts, ServerEngine
-from cbpo.backends.verl.config import AGENT_LOOP
+from cbpo.backends.verl.config import AGENT_LOOP, held_gpus
 from cbpo.chat import build_prompt, resolve_system_prompt
 from cbpo.registry import build_method
 from cbpo.reward import Rewarder
@@ -135,16 +140,6 @@ def hinted_batch(data, rows: list[int], pad_id: int) -> DataProto:
     }, meta_info=dict(data.meta_info))
 
 
-def held_gpus(config) -> int:
-    """The GPUs a run holds each step, for the tables' device-hours: the trainer's nodes and an
-    OPD teacher's pool (verl's distillation) beside them."""
-    gpus = config.trainer.nnodes * config.trainer.n_gpus_per_node
-    teacher = config.get("distillation")
-    if teacher is not None and teacher.enabled:
-        gpus += teacher.nnodes * teacher.n_gpus_per_node
-    return gpus
-
-
 def policy_stats(metrics) -> dict:
     """verl's actor metrics (``actor/pg_loss``, ``actor/grad_norm``, ...) under the local
     trainer's names (``pg_loss``, ``grad_norm``; its KL term is ``kl``)."""
@@ -154,10 +149,11 @@ def policy_stats(metrics) -> dict:
     return stats
 
 
-class SuiteTrainer(RayPPOTrainer):
-    """verl's trainer with every method's credit from ``credit.assign`` and the suite's run
-    layout: ``metrics.jsonl`` (the local trainer's keys, truncated to the checkpoint on resume),
-    verl's checkpoints in the run's ``verl/`` folder, and ``final/`` with DONE.json at the end."""
+class SuiteSteps:
+    """What the suite changes in a verl trainer (``SuiteTrainer``, ``SuiteOneStepTrainer``):
+    every method's credit from ``credit.assign`` and the suite's run layout: ``metrics.jsonl``
+    (the local trainer's keys, truncated to the checkpoint on resume), verl's checkpoints in the
+    run's ``verl/`` folder, and ``final/`` with DONE.json at the end."""
 
     def __init__(self, *args, method, run_dir: Path, log: MetricsLog, **kwargs):
         super().__init__(*args, **kwargs)
@@ -166,10 +162,11 @@ class SuiteTrainer(RayPPOTrainer):
         self._save_due = False
 
     def fit(self):
-        # verl 0.9.1's fit calls the module-level compute_advantage and builds its Tracking
-        # logger inside the loop; neither is a method, so both are swapped for the length of
-        # this fit only: the advantage step becomes the suite's credit, and every step verl
-        # logs (timings and actor metrics included) also writes the suite's metrics line.
+        # verl 0.9.1's fit calls the module-level compute_advantage (each trainer module imports
+        # its own name) and builds its Tracking logger inside the loop; neither is a method, so
+        # both are swapped for the length of this fit only: the advantage step becomes the
+        # suite's credit, and every step verl logs (timings and actor metrics included) also
+        # writes the suite's metrics line.
         trainer = self
 
         class Tracking(tracking.Tracking):
@@ -179,11 +176,18 @@ class SuiteTrainer(RayPPOTrainer):
 
         try:
             with patch.object(ray_trainer, "compute_advantage", self.suite_credit), \
+                 patch.object(separate_trainer, "compute_advantage", self.suite_credit), \
                  patch.object(tracking, "Tracking", Tracking):
-                super().fit()
+                done = super().fit()
+                if asyncio.iscoroutine(done):  # the one-step-off trainer's loop is a coroutine
+                    asyncio.run(done)
         finally:
             self.log.close()
         self.finish()
+
+    def batch_step(self) -> int:
+        """The step the batch being drawn trains (DAPO seeds its replacement draws with it)."""
+        return self.global_steps
 
     def suite_credit(self, data, *_, **__):
         """verl's advantage step (``compute_advantage``'s place): the method's own credit on the
@@ -214,7 +218,7 @@ class SuiteTrainer(RayPPOTrainer):
     def _get_gen_batch(self, batch):
         # the agent loop sees only the rows' columns: the step seeds DAPO's replacement draws,
         gen_batch = super()._get_gen_batch(batch)
-        gen_batch.non_tensor_batch[STEP] = np.full(len(gen_batch), self.global_steps, dtype=np.int64)
+        gen_batch.non_tensor_batch[STEP] = np.full(len(gen_batch), self.batch_step(), dtype=np.int64)
         # and each row knows the batch's rows: replacements are dealt so no problem serves two rows
         rows = [int(info["index"]) for info in gen_batch.non_tensor_batch["extra_info"]]
         column = np.empty(len(gen_batch), dtype=object)
@@ -232,9 +236,13 @@ class SuiteTrainer(RayPPOTrainer):
         # verl's check that the engine samples the policy the actor trains: the largest gap
         # between vLLM's and the actor's probability of a sampled token (weight sync, kernels)
         gap = metrics.get("training/rollout_probs_diff_max")
+        # one-step-off: rollout_seconds is the wait for the batch; the generation itself, which
+        # ran beside the previous step's training, is generate_seconds
+        overlapped = metrics.get("timing_s/generate_async")
         self.log.log({"step": int(step), **self._rollouts, "rollout_seconds": float(metrics["timing_s/gen"]),
                       "wall_seconds": float(metrics["timing_s/step"]), "devices": held_gpus(self.config),
-                      **({} if gap is None else {"rollout_probs_diff_max": float(gap)}), **policy_stats(metrics)})
+                      **({} if gap is None else {"rollout_probs_diff_max": float(gap)}),
+                      **({} if overlapped is None else {"generate_seconds": float(overlapped)}), **policy_stats(metrics)})
         if self._save_due:
             self._save_due = False
             super()._save_checkpoint()
@@ -259,6 +267,22 @@ class SuiteTrainer(RayPPOTrainer):
         save_checkpoint(self.run_dir / "final", model, self.tokenizer, {"step": "final"})
 
 
+class SuiteTrainer(SuiteSteps, RayPPOTrainer):
+    """verl's synchronous trainer (``rl.async_training=none``): each step generates, then trains."""
+
+
+class SuiteOneStepTrainer(SuiteSteps, OneStepOffRayTrainer):
+    """verl's one-step-off-policy trainer (``rl.async_training=one_step_off``): step s+1's batch
+    is generated on the rollout pool, by the weights of step s-1, while the actor trains step s."""
+
+    _drawn = 0
+
+    def batch_step(self) -> int:
+        # batches are drawn one step ahead, while self.global_steps is still the step training
+        self._drawn = max(self._drawn + 1, self.global_steps)
+        return self._drawn
+
+
 def suite_replica():
     """The replica running the suite's vLLM server (server.py), imported when verl asks for it:
     it needs vLLM, which only the GPU cluster has."""
@@ -274,16 +298,23 @@ class SuiteTaskRunner(BaseTaskRunner):
 
     def run(self, config):
         OmegaConf.resolve(config)
-        _, worker_group_cls = self.add_actor_rollout_worker(config)
-        self.add_teacher_model_resource_pool(config)  # OPD's teacher pool (config.py); nothing otherwise
+        if config.actor_rollout_ref.hybrid_engine:
+            trainer_cls = SuiteTrainer
+            _, worker_group_cls = self.add_actor_rollout_worker(config)
+            self.add_teacher_model_resource_pool(config)  # OPD's teacher pool (config.py); nothing otherwise
+            pools = self.init_resource_pool_mgr(config)
+        else:  # rl.async_training: the workers and pools as verl's one-step-off task runner makes them
+            trainer_cls = SuiteOneStepTrainer
+            self.role_worker_mapping, worker_group_cls = separate.create_role_worker_mapping(config)
+            pools = separate.create_resource_pool_manager(config, self.role_worker_mapping.keys())
         model = omega_conf_to_dataclass(config.actor_rollout_ref.model)
         train, val = (create_rl_dataset(config.data.train_files, config.data, model.tokenizer, model.processor,
                                         is_train=is_train) for is_train in (True, False))
         verl_dir = Path(config.trainer.default_local_dir)  # config.py puts it inside the run folder
         cfg = OmegaConf.load(verl_dir / SUITE_CONFIG)
-        trainer = SuiteTrainer(
+        trainer = trainer_cls(
             config=config, tokenizer=model.tokenizer, processor=model.processor,
-            role_worker_mapping=self.role_worker_mapping, resource_pool_manager=self.init_resource_pool_mgr(config),
+            role_worker_mapping=self.role_worker_mapping, resource_pool_manager=pools,
             ray_worker_group_cls=worker_group_cls, train_dataset=train, val_dataset=val, collate_fn=collate_fn,
             train_sampler=create_rl_sampler(config.data, train),
             method=build_method(cfg, vocab_size=len(model.tokenizer)), run_dir=verl_dir.parent,

@@ -68,14 +68,33 @@ def test_opd_is_verls_on_policy_distillation_from_its_teacher(tmp_path):
     assert teacher.model_path == "Qwen/Qwen3-32B" and teacher.inference.tensor_model_parallel_size == 4
     assert (d.n_gpus_per_node, d.nnodes) == (8, 1)  # the teacher's own node, beside the 8 training GPUs
     # the run's metrics lines count both for the tables' device-hours; another method holds its 8 only
-    from cbpo.backends.verl.trainer import held_gpus
-
-    assert held_gpus(v) == 16 and held_gpus(generated(tmp_path, "method=grpo")) == 8
+    assert verl_config.held_gpus(v) == 16 and verl_config.held_gpus(generated(tmp_path, "method=grpo")) == 8
     # as verl's trainer reads it: two replicas, and every row routed to the one teacher
     checked = omega_conf_to_dataclass(d)
     assert [t.num_replicas for t in checked.teacher_models.values()] == [2]
     manager = AsyncTeacherLLMServerManager(v, {key: None for key in checked.teacher_models})
     assert {manager._resolve_teacher_key(source) for source in ("math", "search", "", None)} == set(checked.teacher_models)
+
+
+def test_one_step_off_policy_is_verls_trainer_on_a_rollout_pool_of_its_own(tmp_path):
+    sync = generated(tmp_path, "method=cbpo")
+    assert sync.actor_rollout_ref.hybrid_engine and not sync.algorithm.rollout_correction.bypass_mode  # off: as before
+    v = generated(tmp_path, "method=cbpo", "rl.async_training=one_step_off")  # verl.async_rollout_gpus=4
+    rollout = v.actor_rollout_ref.rollout
+    assert not v.actor_rollout_ref.hybrid_engine
+    assert (v.trainer.nnodes, v.trainer.n_gpus_per_node, rollout.nnodes, rollout.n_gpus_per_node) == (1, 4, 1, 4)
+    assert verl_config.held_gpus(v) == 8  # the node, split between the actor and the servers
+    # as verl's one_step_off_ppo_trainer.yaml: servers keep their cache and return log-probs, which
+    # are pi_old (bypass mode), and weights go over the NCCL checkpoint engine
+    assert not rollout.free_cache_engine and rollout.calculate_log_probs and rollout.checkpoint_engine.backend == "nccl"
+    assert v.algorithm.rollout_correction.bypass_mode
+    assert v.data.dataloader_num_workers == 0 and sync.data.dataloader_num_workers == 8  # verl's default kept
+
+
+@pytest.mark.parametrize("overrides", [["verl.async_rollout_gpus=8"], ["verl.async_rollout_gpus=3", "verl.tensor_parallel=2"]])
+def test_one_step_off_policy_leaves_the_actor_gpus(tmp_path, overrides):
+    with pytest.raises(ValueError, match="verl.async_rollout_gpus"):
+        generated(tmp_path, "rl.async_training=one_step_off", *overrides)
 
 
 def test_a_local_teacher_is_passed_to_verl_by_its_absolute_path(tmp_path, monkeypatch):

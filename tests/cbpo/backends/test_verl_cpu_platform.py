@@ -71,3 +71,56 @@ def test_on_a_gpu_the_launch_never_imports_the_shim(tmp_path):
     """)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-2:] == ["no-shim", "baselines.aepo_loss"]
+
+
+def test_the_gloo_checkpoint_engine_pushes_every_weight_from_the_actor_to_each_server():
+    # rl.async_training on CPU: verl's manager calls prepare on every worker, build_topology once,
+    # init_process_group, then send_weights on the actor's ranks and receive_weights on the servers'
+    done = python("""
+        import asyncio, multiprocessing as mp
+        import torch
+        from cbpo.backends.verl import cpu
+        cpu.activate()
+        from verl.checkpoint_engine.base import CheckpointEngineRegistry
+
+        WEIGHTS = {"embed": torch.randn(7, 3), "norm": torch.randn(3).to(torch.bfloat16), "step": torch.tensor(4)}
+
+        def actor(rank, kwargs, engine):
+            async def send():
+                engine.init_process_group(**kwargs)
+                await engine.send_weights(iter(WEIGHTS.items()))
+                engine.finalize()
+            asyncio.run(send())
+
+        def server(kwargs, engine, out):
+            async def receive():
+                engine.init_process_group(**kwargs)
+                got = {name: w async for name, w in engine.receive_weights()}
+                engine.finalize()
+                return got
+            got = asyncio.run(receive())
+            out.put(sorted(name for name in got if got[name].dtype == WEIGHTS[name].dtype
+                           and torch.equal(got[name], WEIGHTS[name])))
+
+        if __name__ == "__main__":
+            cls = CheckpointEngineRegistry.get(cpu.GLOO_ENGINE)
+            actors = [cls(bucket_size=1 << 20, is_master=rank == 0) for rank in range(2)]
+            servers = [cls(bucket_size=1 << 20) for _ in range(2)]
+            metadata = [e.prepare() for e in actors + servers]
+            actor_kw, server_kw = cls.build_topology(2, 2, metadata)
+            print(actor_kw["rank"], server_kw["rank"])
+            out = mp.get_context("fork").Queue()
+            procs = [mp.get_context("fork").Process(target=actor, args=(r, {k: v[r] for k, v in actor_kw.items()}, actors[r]))
+                     for r in range(2)]
+            procs += [mp.get_context("fork").Process(target=server, args=({k: v[r] for k, v in server_kw.items()}, servers[r], out))
+                      for r in range(2)]
+            for p in procs:
+                p.start()
+            print(out.get(timeout=120), out.get(timeout=120))
+            for p in procs:
+                p.join(timeout=60)
+            print([p.exitcode for p in procs])
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = "['embed', 'norm', 'step']"
+    assert done.stdout.splitlines() == ["[0, -1] [1, 2]", f"{names} {names}", "[0, 0, 0, 0]"]

@@ -22,7 +22,7 @@ from verl import DataProto  # noqa: E402
 from verl.trainer.ppo import ray_trainer  # noqa: E402
 from verl.utils import tracking  # noqa: E402
 
-from cbpo.backends.verl.trainer import SuiteTrainer, group_fields, rollout_stats, search_fields  # noqa: E402
+from cbpo.backends.verl.trainer import SuiteOneStepTrainer, SuiteTrainer, group_fields, rollout_stats, search_fields  # noqa: E402
 from cbpo.runlog import MetricsLog  # noqa: E402
 
 # What verl 0.9.1's fit passes to its logger each step: the actor's metrics renamed with
@@ -85,7 +85,8 @@ def suite_trainer(tmp_path, monkeypatch, tokenizer, tiny_causal_lm):
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "fit", verl_fit)
 
     def make(method, batch):
-        config = OmegaConf.create({"trainer": {"default_local_dir": str(run / "verl"), "nnodes": 2, "n_gpus_per_node": 8}})
+        config = OmegaConf.create({"trainer": {"default_local_dir": str(run / "verl"), "nnodes": 2, "n_gpus_per_node": 8},
+                                  "actor_rollout_ref": {"hybrid_engine": True}})
         trainer = SuiteTrainer(config=config, tokenizer=tokenizer, method=method, run_dir=run,
                                log=MetricsLog(run / "metrics.jsonl"))
         trainer.batch = batch
@@ -110,6 +111,54 @@ def test_the_advantage_step_is_the_suites_credit_and_verls_estimator_never_runs(
     assert torch.equal(trainer.advantaged.batch["advantages"], expected.batch["advantages"])
     assert torch.equal(trainer.advantaged.batch["response_mask"], expected.batch["response_mask"])  # branch prefixes
     assert ray_trainer.compute_advantage is verls and tracking.Tracking is tracking_class  # only for fit's length
+
+
+def test_the_one_step_off_trainer_takes_the_suites_credit_in_its_async_loop(tmp_path, monkeypatch, tokenizer, verl_batch,
+                                                                             cbpo_groups):
+    # verl's one-step-off loop is a coroutine over the separation trainer's module, which imports
+    # compute_advantage under its own name: fit runs it with both names swapped
+    from omegaconf import OmegaConf
+    from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
+    from verl.experimental.separation import ray_trainer as separate_trainer
+
+    expected = verl_batch(cbpo_groups)
+    credit.assign(expected, cbpo())
+
+    def verl_init(self, config, tokenizer, **_):
+        self.config, self.tokenizer, self.global_steps = config, tokenizer, 1
+
+    async def verl_fit(self):
+        logger = tracking.Tracking(project_name="p", experiment_name="e", default_backend=["console"], config={})
+        self.advantaged = separate_trainer.compute_advantage(self.batch, adv_estimator="grpo", config=None)
+        logger.log(data={**VERL_METRICS, "timing_s/generate_async": 1.5}, step=1)
+
+    monkeypatch.setattr(OneStepOffRayTrainer, "__init__", verl_init)
+    monkeypatch.setattr(OneStepOffRayTrainer, "fit", verl_fit)
+    monkeypatch.setattr(SuiteOneStepTrainer, "finish", lambda self: None)
+    config = OmegaConf.create({"trainer": {"nnodes": 1, "n_gpus_per_node": 1},
+                               "actor_rollout_ref": {"hybrid_engine": False, "rollout": {"nnodes": 1, "n_gpus_per_node": 1}}})
+    trainer = SuiteOneStepTrainer(config=config, tokenizer=tokenizer, method=cbpo(), run_dir=tmp_path,
+                                  log=MetricsLog(tmp_path / "metrics.jsonl"))
+    trainer.batch = verl_batch(cbpo_groups)
+    verls = separate_trainer.compute_advantage
+    trainer.fit()
+    assert torch.equal(trainer.advantaged.batch["advantages"], expected.batch["advantages"])
+    assert separate_trainer.compute_advantage is verls
+    (line,) = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # the wait for the batch and its generation beside the previous step; both pools' GPUs
+    assert (line["rollout_seconds"], line["generate_seconds"], line["devices"]) == (2.0, 1.5, 2)
+
+
+def test_the_one_step_off_trainer_draws_each_steps_batch_a_step_ahead():
+    trainer = SuiteOneStepTrainer.__new__(SuiteOneStepTrainer)
+    drawn = []
+    # verl's loop: step 1's batch, then while step s trains, step s+1's; a resumed run starts at 5
+    for global_steps in (1, 1, 2, 3):
+        trainer.global_steps = global_steps
+        drawn.append(trainer.batch_step())
+    resumed = SuiteOneStepTrainer.__new__(SuiteOneStepTrainer)
+    resumed.global_steps = 5
+    assert drawn == [1, 2, 3, 4] and [resumed.batch_step(), resumed.batch_step()] == [5, 6]
 
 
 def local_record(tmp_path, tokenizer, tiny_causal_lm, method="grpo", **knobs) -> dict:

@@ -144,6 +144,15 @@ def test_rl_rejects_a_pool_smaller_than_a_step(tmp_path):
             rl_train(None, None, None, rows, {}, None, RLConfig(problems_per_step=8, pool_size=pool), tmp_path, MetricsLog(tmp_path / "m.jsonl"))
 
 
+def test_the_local_trainer_refuses_verls_one_step_off_policy(tmp_path):
+    from cbpo.backends.local.rl import rl_train
+
+    rows = [{"question": "q", "domain": "math"}] * 10
+    with pytest.raises(ValueError, match="rl.async_training=one_step_off is verl's trainer"):
+        rl_train(None, None, None, rows, {}, None, RLConfig(async_training="one_step_off"), tmp_path,
+                 MetricsLog(tmp_path / "m.jsonl"))
+
+
 def test_rl_train_takes_the_objective_and_entropy_k_from_the_method(model, tokenizer, tmp_path, monkeypatch):
     # method.beta, method.clip_eps and CBPO's method.top_k are the values the loop uses: the
     # reference model exists because beta > 0, and the engine's entropies keep top_k tokens.
