@@ -75,7 +75,9 @@ def test_micro_batches_give_the_full_batch_gradient(model, mode):
         runs.append((torch.cat([p.grad.flatten() for p in net.parameters()]), stats))
     (whole, whole_stats), (split, split_stats) = runs
     assert whole.abs().max() > 0
-    assert torch.allclose(whole, split, rtol=1e-4, atol=1e-7)
+    # float32 rounding, relative to the gradient's scale (token-sum's reaches 3 here): the micro-
+    # batches' rows and the whole batch's are summed in different orders and layouts (rl.shared_prefix)
+    assert torch.allclose(whole, split, rtol=1e-4, atol=1e-5 * whole.abs().max().item())
     assert split_stats["loss"] == pytest.approx(whole_stats["loss"], rel=1e-5)
 
 
