@@ -44,9 +44,9 @@ import asyncio
 import contextlib
 import datetime
 import functools
-import pickle
 import importlib.util
 import os
+import pickle
 from typing import Any
 
 import torch
@@ -374,6 +374,10 @@ def _register_checkpoint_engine() -> None:
         def finalize(self) -> None:
             self.rank, self.store, self.group = -1, None, None
 
+        async def _broadcast(self, weight: torch.Tensor) -> None:
+            # as bytes (any dtype), off the event loop: gloo blocks until every rank has it
+            await asyncio.to_thread(lambda: self.group.broadcast(weight.view(-1).view(torch.uint8), 0).wait())
+
         async def send_weights(self, weights, global_steps=None):
             if self.rank < 0:
                 for _ in weights:
@@ -383,7 +387,7 @@ def _register_checkpoint_engine() -> None:
             for name, weight in weights:
                 weight = weight.detach().to(PLATFORM).contiguous()
                 self.store.set(f"weight/{count}", pickle.dumps((name, weight.shape, weight.dtype)))
-                await asyncio.to_thread(lambda w=weight: self.group.broadcast(w.view(-1).view(torch.uint8), 0).wait())
+                await self._broadcast(weight)
                 count += 1
             self.store.set(f"weight/{count}", pickle.dumps(None))
 
@@ -392,7 +396,7 @@ def _register_checkpoint_engine() -> None:
             while (meta := pickle.loads(await asyncio.to_thread(self.store.get, f"weight/{count}"))) is not None:
                 name, shape, dtype = meta
                 weight = torch.empty(shape, dtype=dtype)
-                await asyncio.to_thread(lambda w=weight: self.group.broadcast(w.view(-1).view(torch.uint8), 0).wait())
+                await self._broadcast(weight)
                 yield name, weight
                 count += 1
 
