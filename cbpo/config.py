@@ -24,6 +24,8 @@ def check_slots(budget: int, n0: int) -> None:
 CANDIDATES = {"full": "tool_boundaries", "tool_boundary": "tool_boundaries",
               "alive_boundary": "alive_boundaries", "frontier_boundary": "frontier_boundaries"}
 
+ROOT_CREDIT = ("paper", "centred")  # CBPOConfig.root_credit
+
 
 @dataclass(frozen=True)
 class CBPOConfig(ObjectiveConfig):
@@ -62,11 +64,18 @@ class CBPOConfig(ObjectiveConfig):
     phi: float = 2.0  # bound on the relative modulation (Eq. 16)
     eps: float = 1e-6  # epsilon in Eqs. 3 and 14
     cbv_threshold: float = 1e-6  # sigma_CBV below this -> every Z = 0 (Sec. 5.1)
+    # "paper": Eqs. 15-19 as written. "centred" (ours, not the paper's, issue #36): the credit of
+    # each root's opening (a parent's tokens before its first node, a filler's or unbranched
+    # parent's whole response) less the mean over the problem's roots, so the tokens every root
+    # shares (its first tool tag, say) get zero net credit, as under GRPO (cbpo.credit).
+    root_credit: str = "paper"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.candidates not in CANDIDATES:
             raise ValueError(f"candidates must be one of {tuple(CANDIDATES)}, got {self.candidates!r}")
+        if self.root_credit not in ROOT_CREDIT:
+            raise ValueError(f"root_credit must be one of {ROOT_CREDIT}, got {self.root_credit!r}")
         check_slots(self.budget, self.n0)
         for name in ("w", "d_min", "top_j", "top_k"):
             if getattr(self, name) < 1:

@@ -139,11 +139,26 @@ def segment_parent(
     return adv
 
 
+def centre_root_openings(advantages: Sequence[np.ndarray], kinds: Sequence[str], opening_end: Sequence[int]) -> None:
+    """``root_credit=centred`` (ours, issue #36), in place: every root's opening ``[0,
+    opening_end)`` less the mean opening credit of the problem's roots. A branch's copied prefix is
+    masked, so only roots (parents, fillers) train the tokens all rollouts share, and under Eq. 3
+    over all M rollouts their credit there sums to minus the branches' base advantages: whenever
+    branches win more often than roots, the shared opening is pushed down at every step. Centred,
+    it sums to zero over the roots, as Eq. 3 makes it under GRPO. A root with an empty opening (a
+    node at its first token) is left out."""
+    roots = [k for k, kind in enumerate(kinds) if kind != "branch" and opening_end[k] > 0]
+    if roots:
+        mean = float(np.mean([advantages[k][0] for k in roots]))
+        for k in roots:
+            advantages[k][: opening_end[k]] -= mean
+
+
 def assign_credit(problems: Sequence[ProblemRollouts], cfg: CBPOConfig = CBPOConfig()) -> Credit:
     """Algorithm 1 lines 23-26 for a training batch: base advantages per problem, exact-prefix
     groups, CBV standardised over every node of the batch, CBV-aware continuation advantages,
     masked copied prefixes and segmented parents; parents without nodes and fillers keep their
-    base advantage on every token."""
+    base advantage on every token (``root_credit=centred``: :func:`centre_root_openings`)."""
     base = [grpo_advantages(p.rewards, cfg.eps) for p in problems]
     nodes = [
         Node(problem=x, parent=p, at=b, members=members)
@@ -196,6 +211,9 @@ def assign_credit(problems: Sequence[ProblemRollouts], cfg: CBPOConfig = CBPOCon
                 adv[:] = base[x][k]
             adv_x.append(adv)
             mask_x.append(mask)
+        if cfg.root_credit == "centred":
+            centre_root_openings(adv_x, prob.kinds, [own_nodes[(x, k)][0].at if (x, k) in own_nodes else len(adv_x[k])
+                                                     for k in range(len(prob.kinds))])
         advantages.append(adv_x)
         masks.append(mask_x)
     return Credit(advantages, masks, base, nodes)

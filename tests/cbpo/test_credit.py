@@ -196,3 +196,41 @@ def test_cbv_for_all_groups_at_once_matches_per_group():
     node_of = np.array([0, 0, 1, 1, 1, 2])
     expect = [contrastive_branch_value(r[node_of == g]) for g in range(3)]
     assert contrastive_branch_value(r, node_of) == pytest.approx(expect)
+
+
+def test_centred_root_credit_gives_the_roots_shared_opening_zero_net_credit():
+    # root_credit=centred (ours, issue #36). Parent 0 (R=0) with two winning branches at 3, parent
+    # 1 and the filler losing: under Eq. 3 over all five the roots' openings sum to less than zero
+    problem = ProblemRollouts(rewards=[0, 0, 1, 1, 0], kinds=["parent", "parent", "branch", "branch", "fill"],
+                              parent=[-1, -1, 0, 0, -1], at=[-1, -1, 3, 3, -1], n_tokens=[6, 5, 7, 4, 3])
+    paper, centred = assign_credit([problem]), assign_credit([problem], CBPOConfig(root_credit="centred"))
+    roots = [0, 1, 4]
+    opening = [paper.advantages[0][k][0] for k in roots]
+    assert sum(opening) < -0.5
+    assert sum(centred.advantages[0][k][0] for k in roots) == pytest.approx(0.0, abs=1e-12)
+    shift = np.mean(opening)
+    # each root's opening moves by the same constant: parent 0 before its node (3 tokens), the
+    # unbranched parent and the filler on every token
+    assert centred.advantages[0][0] == pytest.approx(np.r_[paper.advantages[0][0][:3] - shift, paper.advantages[0][0][3:]])
+    for k in (1, 4):
+        assert centred.advantages[0][k] == pytest.approx(paper.advantages[0][k] - shift)
+    for k in (2, 3):  # branches and every mask untouched
+        assert centred.advantages[0][k].tolist() == paper.advantages[0][k].tolist()
+    assert [m.tolist() for m in centred.loss_masks[0]] == [m.tolist() for m in paper.loss_masks[0]]
+
+
+@settings(max_examples=100, deadline=None)
+@given(problem_sets())
+def test_centred_root_credit_sums_to_zero_on_every_problems_roots(problems):
+    credit = assign_credit(problems, CBPOConfig(root_credit="centred"))
+    first = {}
+    for nd in credit.nodes:
+        first.setdefault((nd.problem, nd.parent), nd.at)
+    for x, prob in enumerate(problems):
+        roots = [k for k, kind in enumerate(prob.kinds) if kind != "branch" and first.get((x, k), 1) > 0]
+        assert sum(credit.advantages[x][k][0] for k in roots) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_root_credit_is_named():
+    with pytest.raises(ValueError, match="root_credit"):
+        CBPOConfig(root_credit="centered")
