@@ -142,11 +142,11 @@ def segment_parent(
 def centre_root_openings(advantages: Sequence[np.ndarray], kinds: Sequence[str], opening_end: Sequence[int]) -> None:
     """``root_credit=centred`` (ours, issue #36), in place: every root's opening ``[0,
     opening_end)`` less the mean opening credit of the problem's roots. A branch's copied prefix is
-    masked, so only roots (parents, fillers) train the tokens all rollouts share, and under Eq. 3
-    over all M rollouts their credit there sums to minus the branches' base advantages: whenever
-    branches win more often than roots, the shared opening is pushed down at every step. Centred,
-    it sums to zero over the roots, as Eq. 3 makes it under GRPO. A root with an empty opening (a
-    node at its first token) is left out."""
+    masked, so only roots (parents, fillers) train the tokens all rollouts share, and Eq. 3 over all
+    M rollouts makes the roots' base advantages sum to minus the branches': when branches win more
+    often than roots, the shared opening gets net negative credit (a parent's A^shared, Eq. 15,
+    returns part of it). Centred, the roots' opening credit sums to zero, as Eq. 3 makes it under
+    GRPO. A root with an empty opening (a node at its first token) is left out."""
     roots = [k for k, kind in enumerate(kinds) if kind != "branch" and opening_end[k] > 0]
     if roots:
         mean = float(np.mean([advantages[k][0] for k in roots]))
